@@ -1,0 +1,112 @@
+"""Load Hugging Face Llama-family checkpoints into :class:`minillm.model.Transformer`.
+
+A checkpoint is a directory with ``config.json`` and weights in safetensors files (one
+``model.safetensors``, or shards listed in ``model.safetensors.index.json``). Hugging Face
+names tensors after its own module tree; ``hf_to_minillm_name`` maps them onto ours.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .assets import AssetError, COURSE_MODEL_NAME, fetch_course_model
+from .config import ModelConfig
+from .model import Transformer
+
+_LAYER_RENAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "mlp_norm",
+    "self_attn": "attn",
+}
+
+
+def hf_to_minillm_name(name: str) -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attn.q_proj.weight``."""
+    name = name.removeprefix("model.")
+    match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
+    if match:
+        index, module, rest = match.groups()
+        return f"layers.{index}.{_LAYER_RENAMES.get(module, module)}.{rest}"
+    return name
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """A local directory, the course model (``"smollm2"``), or a Hugging Face hub id."""
+    if str(name_or_path).lower() in ("smollm2", COURSE_MODEL_NAME.lower()):
+        return fetch_course_model()
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or str(name_or_path).startswith((".", "/", "~")):
+        raise AssetError(f"{path} is not a checkpoint directory (config.json + *.safetensors).")
+    return _download_from_hub(str(name_or_path))
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]))
+    except Exception as error:  # network, auth or missing repo: one clear message
+        raise AssetError(
+            f"could not get {repo_id!r} from the Hugging Face hub ({type(error).__name__}). "
+            "Pass a local checkpoint directory instead, or `smollm2` for the course model."
+        ) from error
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    single = directory / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise AssetError(f"no model.safetensors or model.safetensors.index.json in {directory}.")
+
+
+def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint, renamed to minillm's module names."""
+    state = {}
+    for file in _weight_files(directory):
+        try:
+            tensors = load_file(file)
+        except Exception as error:
+            raise AssetError(f"{file} is not a readable safetensors file ({error}). "
+                             "Re-download it (for the course model: `minillm fetch --force`).")
+        state.update({hf_to_minillm_name(k): v for k, v in tensors.items()})
+    return state
+
+
+def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.float32,
+               attn_backend: str = "sdpa", device: str | torch.device = "cpu") -> Transformer:
+    """Build a :class:`Transformer` from a checkpoint and load its weights.
+
+    ``name_or_path``: a local HF checkpoint directory, a hub id, or ``"smollm2"`` (the
+    course model, prepared on first use as by ``minillm fetch``).
+    """
+    directory = resolve_checkpoint(name_or_path)
+    config_file = directory / "config.json"
+    if not config_file.exists():
+        raise AssetError(f"{directory} has no config.json; it is not a Hugging Face checkpoint.")
+    config = ModelConfig.from_json(config_file)
+    with torch.device("meta"):
+        model = Transformer(config, attn_backend=attn_backend)
+    state = load_state_dict(directory)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+        missing = [m for m in missing if m != "lm_head.weight"]
+    if missing or unexpected:
+        raise AssetError(f"checkpoint {directory} does not match the config: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}.")
+    model.rope = type(model.rope)(config)  # buffers were on the meta device; build them for real
+    return model.to(device=device, dtype=dtype).eval()

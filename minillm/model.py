@@ -1,0 +1,173 @@
+"""A Llama-family decoder, written to be read top to bottom.
+
+    tokens -> embedding -> N x Block -> RMSNorm -> lm_head -> logits
+    Block:  x = x + Attention(RMSNorm(x));  x = x + MLP(RMSNorm(x))
+
+Attention has separate query and key/value head counts, so MHA (equal counts), GQA
+(fewer K/V heads) and MQA (one K/V head) are the same code. The score computation is
+delegated to a backend from :mod:`minillm.attention`, chosen by name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import get_backend
+from .config import ModelConfig
+from .rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019, eq. 4): LayerNorm without the mean."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020, eq. 6): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d, hidden, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(d, hidden, bias=bias)
+        self.up_proj = nn.Linear(d, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """Multi-head attention with ``num_kv_heads`` key/value heads shared by groups of queries."""
+
+    def __init__(self, config: ModelConfig, layer_index: int, backend: str):
+        super().__init__()
+        d, hd, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads, config.num_kv_heads, config.head_dim)
+        self.layer_index = layer_index
+        self.q_proj = nn.Linear(d, config.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, config.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(d, config.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(config.num_heads * hd, d, bias=bias)
+        self.backend = get_backend(backend)
+
+    def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        return x.view(batch, seq, heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x, rope_cos, rope_sin, mask, cache=None):
+        batch, seq, _ = x.shape
+        q = self._split_heads(self.q_proj(x), self.num_heads)
+        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
+        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
+        q, k = apply_rotary(q, rope_cos, rope_sin), apply_rotary(k, rope_cos, rope_sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_index, k, v)  # now: all keys this query may see
+        out = self.backend(q, k, v, mask)  # [batch, heads, seq, head_dim]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer layer: attention then MLP, each added to the residual stream."""
+
+    def __init__(self, config: ModelConfig, layer_index: int, backend: str):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config, layer_index, backend)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope_cos, rope_sin, mask, cache=None):
+        x = x + self.attn(self.attn_norm(x), rope_cos, rope_sin, mask, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def build_attention_mask(query_steps, key_steps, padding=None, window=None):
+    """Who may attend to whom, as a bool tensor [batch or 1, 1, queries, keys].
+
+    A query at time step q sees a key at step s when s <= q (causal), the slot is filled
+    (s >= 0), s is not padding, and, with a sliding window, q - s < window. Every query
+    also sees itself, so rows of left padding never become empty (their output is unused).
+    """
+    q, s = query_steps[:, None], key_steps[None, :]
+    allowed = (s <= q) & (s >= 0)
+    if window is not None:
+        allowed &= (q - s) < window
+    allowed = allowed[None]  # [1, queries, keys]
+    if padding is not None:
+        allowed = allowed & padding[:, None, key_steps.clamp(min=0)].bool()
+    allowed = allowed | (s == q)
+    return allowed[:, None]
+
+
+class Transformer(nn.Module):
+    """The whole decoder: ``forward(input_ids) -> logits`` [batch, seq, vocab]."""
+
+    def __init__(self, config: ModelConfig, attn_backend: str = "sdpa"):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(config, i, attn_backend) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(config)
+        self.attn_backend = attn_backend
+
+    def set_attention_backend(self, name: str) -> Transformer:
+        """Switch every layer to another attention backend (weights are untouched)."""
+        backend = get_backend(name)
+        for layer in self.layers:
+            layer.attn.backend = backend
+        self.attn_backend = name
+        return self
+
+    def forward(self, input_ids: torch.Tensor, cache=None, attention_mask=None,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits for ``input_ids`` [batch, seq].
+
+        cache: a :mod:`minillm.kv_cache` cache; the new tokens are appended after its contents.
+        attention_mask: [batch, steps] with 1 for real tokens and 0 for (left) padding,
+            covering the cached steps and the new ones (the Hugging Face convention).
+        last_only: compute logits for the last position only (all that decoding needs).
+        """
+        seq = input_ids.shape[1]
+        start = cache.length if cache is not None else 0
+        query_steps = torch.arange(start, start + seq, device=input_ids.device)
+        key_steps = cache.key_steps(seq) if cache is not None else query_steps
+        window = cache.window if cache is not None else None
+        positions = self._rope_positions(query_steps, attention_mask)
+        rope_cos, rope_sin = self.rope(positions)
+        if attention_mask is None and window is None and seq == 1:
+            mask = None  # one new token with no padding: it may see every cached key
+        else:
+            mask = build_attention_mask(query_steps, key_steps, attention_mask, window)
+
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, rope_cos, rope_sin, mask, cache)
+        if cache is not None:
+            cache.advance(seq)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+    def _rope_positions(self, query_steps, attention_mask):
+        """Token positions for RoPE: the step index, or, with left padding, steps minus padding."""
+        if attention_mask is None:
+            return query_steps[None]
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return positions[:, query_steps]

@@ -1,0 +1,99 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty.
+
+The pipeline for one step, on logits [batch, vocab]:
+
+1. repetition penalty (Keskar et al. 2019, CTRL, sec. 4.1): logits of tokens already
+   seen are divided by the penalty when positive and multiplied when negative;
+2. temperature: logits / T; T -> 0 is greedy (argmax), T = 1 is the model's distribution;
+3. top-k: keep the k most likely tokens;
+4. top-p, "nucleus" (Holtzman et al. 2020, eq. 2): keep the smallest set of most likely
+   tokens whose probability adds up to at least p;
+5. draw from the softmax of what is left with a seeded ``torch.Generator``, so the same
+   seed gives the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. The defaults are greedy decoding."""
+
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means no top-k filter
+    top_p: float = 1.0  # 1.0 means no nucleus filter
+    repetition_penalty: float = 1.0  # 1.0 means no penalty
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+        if self.top_k < 0 or int(self.top_k) != self.top_k:
+            raise ValueError(f"top_k must be a whole number >= 0 (0 disables it), got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(
+                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A random-number generator seeded from ``seed`` (or from the global RNG if unset)."""
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        return generator
+
+
+def apply_repetition_penalty(logits: torch.Tensor, previous: torch.Tensor,
+                             penalty: float) -> torch.Tensor:
+    """Make tokens in ``previous`` [batch, steps] less likely by ``penalty`` (CTRL's rule)."""
+    seen = logits.gather(-1, previous)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(-1, previous, seen)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set everything below the k-th largest logit to -inf (ties with the k-th are kept)."""
+    k = min(k, logits.shape[-1])
+    kth_largest = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probabilities sum to >= p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(-1) - probs  # probability of the tokens ranked above each one
+    drop_sorted = mass_before >= p  # the top token always stays (its mass_before is 0)
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           previous: torch.Tensor | None = None) -> torch.Tensor:
+    """Pick one token per row of ``logits`` [batch, vocab]; returns [batch] token ids.
+
+    ``previous`` [batch, steps]: tokens so far, for the repetition penalty.
+    """
+    logits = logits.float()
+    if params.repetition_penalty != 1.0 and previous is not None and previous.numel():
+        logits = apply_repetition_penalty(logits, previous, params.repetition_penalty)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits / params.temperature
+    if params.top_k:
+        logits = top_k_filter(logits, params.top_k)
+    if params.top_p < 1.0:
+        logits = top_p_filter(logits, params.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

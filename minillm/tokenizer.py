@@ -1,0 +1,43 @@
+"""Text <-> token ids, and the chat template, through the checkpoint's Hugging Face tokenizer.
+
+Tokenization is not what this course is about, so we wrap the real thing instead of
+rewriting it. What matters for generation is here: which ids end a reply
+(``stop_tokens``: the eos token, the end-of-document token, and for chat models
+``<|im_end|>``) and how a
+conversation becomes one prompt (the chat template stored with the checkpoint).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checkpoint import resolve_checkpoint
+
+
+class Tokenizer:
+    def __init__(self, name_or_path: str | Path = "smollm2"):
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(resolve_checkpoint(name_or_path))
+        vocab = self.hf.get_vocab()
+        stop_names = {self.hf.eos_token, "<|im_end|>", "<|endoftext|>", "</s>"}
+        self.stop_tokens = sorted(vocab[name] for name in stop_names if name in vocab)
+        pad = self.hf.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_tokens[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
+        """Token ids of a one-turn conversation, ending where the assistant starts to speak."""
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": user_message})
+        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.encode(text)
