@@ -47,7 +47,11 @@ def _as_token_lists(prompts: Prompts) -> list[list[int]]:
     return [list(p) for p in prompts]
 
 
-def _check_request(model: Transformer, prompts: list[list[int]], max_new_tokens: int):
+def _check_request(model: Transformer, prompts: list[list[int]], max_new_tokens: int,
+                   pad_id: int):
+    if not 0 <= pad_id < model.config.vocab_size:
+        raise ValueError(f"pad_id {pad_id} is not a token id of this model (vocab size "
+                         f"{model.config.vocab_size}); use e.g. the tokenizer's pad_id.")
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
     context = model.config.max_position_embeddings
@@ -84,7 +88,7 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
     cache of that many steps instead of a full one.
     """
     token_lists = _as_token_lists(prompts)
-    _check_request(model, token_lists, max_new_tokens)
+    _check_request(model, token_lists, max_new_tokens, pad_id)
     device = model.embed_tokens.weight.device
     ids, mask = (t.to(device) for t in pad_left(token_lists, pad_id))
     padded = bool((mask == 0).any())

@@ -1,0 +1,106 @@
+"""Perplexity: how surprised a model is by real text, exp(mean negative log-likelihood).
+
+A model has a finite context, so long text is cut into windows of ``window`` tokens.
+
+* **Non-overlapping** (``stride=None``): windows side by side; every token except each
+  window's first is scored. Fast, but tokens early in a window see little context.
+* **Strided** (``stride < window``): windows overlap; each scores only its last
+  ``stride`` tokens, which all see at least ``window - stride`` tokens of context. Slower,
+  closer to the model's true quality. (Hugging Face's "perplexity of fixed-length models".)
+
+``attention_window`` restricts attention inside each window to the last that-many
+tokens (what a sliding-window KV cache does), to measure what the window costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .kv_cache import SlidingWindowKVCache
+
+
+@dataclass(frozen=True)
+class Window:
+    begin: int  # first token fed to the model
+    end: int  # one past the last token fed
+    num_scored: int  # how many of the last tokens are scored (predicted from the ones before)
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    perplexity: float
+    mean_nll: float  # nats per token
+    num_tokens: int  # tokens scored
+    num_windows: int
+
+
+def make_windows(num_tokens: int, window: int, stride: int | None = None) -> list[Window]:
+    """The windows to score ``num_tokens`` tokens; each token is scored at most once."""
+    if window < 2:
+        raise ValueError(f"window must be at least 2 tokens, got {window}")
+    stride = stride or window
+    if not 0 < stride <= window:
+        raise ValueError(f"stride must be in [1, window={window}], got {stride}")
+    windows, scored_until = [], 1  # token 0 has no context: it is never scored
+    for begin in range(0, num_tokens - 1, stride):
+        end = min(begin + window, num_tokens)
+        num_scored = end - max(scored_until, begin + 1)
+        if num_scored > 0:
+            windows.append(Window(begin, end, num_scored))
+            scored_until = end
+        if end == num_tokens:
+            break
+    return windows
+
+
+def window_nll(logits: torch.Tensor, tokens: torch.Tensor, num_scored: int) -> torch.Tensor:
+    """Summed NLL (float64) of the last ``num_scored`` tokens of each row of ``tokens``.
+
+    ``logits[:, t]`` predicts ``tokens[:, t + 1]``.
+    """
+    predictions = logits[:, -num_scored - 1:-1].double()
+    targets = tokens[:, -num_scored:]
+    return F.cross_entropy(predictions.flatten(0, 1), targets.flatten(), reduction="sum")
+
+
+@torch.inference_mode()
+def perplexity(model, tokens, window: int = 512, stride: int | None = None,
+               batch_size: int = 4, attention_window: int | None = None,
+               max_windows: int | None = None, progress: bool = True) -> PerplexityResult:
+    """Perplexity of ``model`` on ``tokens`` (a 1-D tensor or list of ids)."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
+    windows = make_windows(len(tokens), window, stride)[:max_windows]
+    if not windows:
+        raise ValueError(f"need at least 2 tokens to compute perplexity, got {len(tokens)}")
+    total_nll, total_scored = 0.0, 0
+    device = next(model.parameters()).device
+    groups = _same_shape_groups(windows, batch_size)
+    for group in tqdm(groups, desc="perplexity", disable=not progress, unit="batch"):
+        batch = torch.stack([tokens[w.begin:w.end] for w in group]).to(device)
+        cache = None
+        if attention_window is not None:
+            cache = SlidingWindowKVCache(model.config, len(group), attention_window,
+                                         model.embed_tokens.weight.dtype, device)
+        logits = model(batch, cache)
+        total_nll += window_nll(logits, batch, group[0].num_scored).item()
+        total_scored += group[0].num_scored * len(group)
+    mean = total_nll / total_scored
+    return PerplexityResult(math.exp(mean), mean, total_scored, len(windows))
+
+
+def _same_shape_groups(windows: list[Window], batch_size: int) -> list[list[Window]]:
+    """Batch consecutive windows that have the same length and number of scored tokens."""
+    groups: list[list[Window]] = []
+    for w in windows:
+        last = groups[-1] if groups else None
+        if (last and len(last) < batch_size and last[0].num_scored == w.num_scored
+                and last[0].end - last[0].begin == w.end - w.begin):
+            last.append(w)
+        else:
+            groups.append([w])
+    return groups

@@ -1,0 +1,136 @@
+"""Generation loops: cached == uncached, batched == one by one, sliding window, streaming, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_pair
+from minillm.generate import generate, generate_tokens, pad_left
+from minillm.kv_cache import KVCache, SlidingWindowKVCache, kv_cache_bytes
+from minillm.sampling import SamplingParams
+
+PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [1, 2], [200, 100, 50, 25]]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return tiny_pair(tmp_path)[0]
+
+
+def test_cached_equals_uncached(tiny):
+    assert generate(tiny, PROMPTS[0], 30) == generate(tiny, PROMPTS[0], 30, use_cache=False)
+
+
+def test_batched_with_padding_equals_one_by_one(tiny):
+    batched = generate(tiny, PROMPTS, 20)
+    assert batched == [generate(tiny, p, 20)[0] for p in PROMPTS]
+
+
+def test_batched_uncached_equals_one_by_one(tiny):
+    assert generate(tiny, PROMPTS, 12, use_cache=False) == [generate(tiny, p, 12)[0]
+                                                              for p in PROMPTS]
+
+
+def test_padded_logits_match_unpadded(tiny):
+    ids, mask = pad_left(PROMPTS, pad_id=0)
+    with torch.no_grad():
+        batched = tiny(ids, attention_mask=mask)[:, -1]
+        for row, prompt in enumerate(PROMPTS):
+            alone = tiny(torch.tensor([prompt]))[0, -1]
+            torch.testing.assert_close(batched[row], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_sampled_generation_is_reproducible_with_a_seed(tiny):
+    params = SamplingParams(temperature=1.0, top_k=50, seed=123)
+    first = generate(tiny, PROMPTS, 16, params)
+    assert first == generate(tiny, PROMPTS, 16, params)
+    assert first != generate(tiny, PROMPTS, 16, SamplingParams(temperature=1.0, top_k=50, seed=7))
+
+
+def test_sampled_cached_equals_uncached(tiny):
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    assert generate(tiny, PROMPTS[0], 16, params) == generate(tiny, PROMPTS[0], 16, params,
+                                                               use_cache=False)
+
+
+def test_streaming_yields_the_same_tokens(tiny):
+    streamed = [t.item() for t in generate_tokens(tiny, PROMPTS[0], 10)]
+    seen = []
+    assert generate(tiny, PROMPTS[0], 10, on_token=lambda t: seen.append(t.item())) == [streamed]
+    assert seen == streamed
+
+
+def test_stops_at_stop_token(tiny):
+    free = generate(tiny, PROMPTS[0], 20)[0]
+    stop = free[5]
+    first = free.index(stop)
+    assert generate(tiny, PROMPTS[0], 20, stop_tokens=[stop]) == [free[:first + 1]]
+
+
+def test_stopped_rows_are_padded_while_others_continue(tiny):
+    free = generate(tiny, PROMPTS, 10)
+    stop = free[0][2]
+    pad = 255
+    steps = [t.tolist() for t in generate_tokens(tiny, PROMPTS, 10, stop_tokens=[stop], pad_id=pad)]
+    row0, others = [s[0] for s in steps], [s[1:] for s in steps]
+    cut = row0.index(stop) + 1
+    assert cut < 10 and all(t == pad for t in row0[cut:])
+    assert others == [list(row[1:]) for row in zip(*free)][:len(others)]  # the rest go on
+
+
+def test_sliding_window_larger_than_sequence_changes_nothing(tiny):
+    assert generate(tiny, PROMPTS[0], 20, window=64) == generate(tiny, PROMPTS[0], 20)
+
+
+def test_sliding_window_cache_equals_windowed_full_attention(tiny):
+    """Decoding with a ring buffer of 8 steps == recomputing with an 8-token attention window."""
+    window, prompt = 8, torch.tensor([PROMPTS[0] + PROMPTS[2]])  # 11 tokens > window
+    with torch.no_grad():
+        full = tiny(prompt, SlidingWindowKVCache(tiny.config, 1, window))
+        ring = SlidingWindowKVCache(tiny.config, 1, window)
+        stepwise = [tiny(prompt[:, :3], ring)]
+        stepwise += [tiny(prompt[:, t:t + 1], ring) for t in range(3, prompt.shape[1])]
+    torch.testing.assert_close(torch.cat(stepwise, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert ring.keys.shape[3] == window  # memory stays at the window size
+
+
+def test_sliding_window_really_forgets(tiny):
+    prompt = torch.tensor([PROMPTS[0] + PROMPTS[2]])
+    with torch.no_grad():
+        windowed = tiny(prompt, SlidingWindowKVCache(tiny.config, 1, 4))[0, -1]
+        full = tiny(prompt)[0, -1]
+    assert not torch.allclose(windowed, full, atol=1e-3)
+
+
+def test_kv_cache_memory_formula(tiny):
+    cache = KVCache(tiny.config, batch_size=3, max_len=40)
+    assert cache.nbytes() == kv_cache_bytes(tiny.config, 40, batch_size=3, bytes_per_value=4)
+
+
+@pytest.mark.parametrize("prompts, max_new, message", [
+    ([[]], 5, "empty"),
+    ([[1, 2, 3]], 0, "max_new_tokens"),
+    ([[1, 2, 3]], -1, "max_new_tokens"),
+    ([list(range(128))], 1, "context"),
+    ([list(range(100))], 40, "exceeds the model's context"),
+    ([], 5, "no prompts"),
+])
+def test_bad_requests_get_clear_errors(tiny, prompts, max_new, message):
+    with pytest.raises(ValueError, match=message):
+        generate(tiny, prompts, max_new)
+
+
+def test_cache_overflow_is_a_clear_error(tiny):
+    cache = KVCache(tiny.config, batch_size=1, max_len=4)
+    with pytest.raises(ValueError, match="larger cache"):
+        tiny(torch.tensor([[1, 2, 3, 4, 5]]), cache)
+
+
+@pytest.mark.smollm2
+def test_smollm2_batched_padding_and_cache(smollm2, tokenizer):
+    prompts = [tokenizer.chat_prompt(q) for q in
+               ("What is 2 + 2?", "Write a haiku about the sea in autumn, please.")]
+    batched = generate(smollm2, prompts, 12, pad_id=tokenizer.pad_id)
+    assert batched == [generate(smollm2, p, 12)[0] for p in prompts]
+    assert generate(smollm2, prompts[0], 12, use_cache=False) == [batched[0]]
