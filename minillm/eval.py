@@ -43,7 +43,7 @@ def make_windows(num_tokens: int, window: int, stride: int | None = None) -> lis
     """The windows to score ``num_tokens`` tokens; each token is scored at most once."""
     if window < 2:
         raise ValueError(f"window must be at least 2 tokens, got {window}")
-    stride = stride or window
+    stride = window if stride is None else stride
     if not 0 < stride <= window:
         raise ValueError(f"stride must be in [1, window={window}], got {stride}")
     windows, scored_until = [], 1  # token 0 has no context: it is never scored

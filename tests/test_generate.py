@@ -1,11 +1,11 @@
-"""Generation loops: cached == uncached, batched == one by one, sliding window, streaming, errors."""
+"""Generation: cached == uncached, batched == one by one, sliding window, streaming, errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_pair
+
 from minillm.generate import generate, generate_tokens, pad_left
 from minillm.kv_cache import KVCache, SlidingWindowKVCache, kv_cache_bytes
 from minillm.sampling import SamplingParams
@@ -76,7 +76,8 @@ def test_stopped_rows_are_padded_while_others_continue(tiny):
     row0, others = [s[0] for s in steps], [s[1:] for s in steps]
     cut = row0.index(stop) + 1
     assert cut < 10 and all(t == pad for t in row0[cut:])
-    assert others == [list(row[1:]) for row in zip(*free)][:len(others)]  # the rest go on
+    expected_others = [list(row[1:]) for row in zip(*free, strict=True)]
+    assert others == expected_others[:len(others)]  # the other rows go on unchanged
 
 
 def test_sliding_window_larger_than_sequence_changes_nothing(tiny):

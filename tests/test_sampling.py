@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm.sampling import (SamplingParams, apply_repetition_penalty, sample, top_k_filter,
-                              top_p_filter)
+from minillm.sampling import (
+    SamplingParams,
+    apply_repetition_penalty,
+    sample,
+    top_k_filter,
+    top_p_filter,
+)
 
 
 def random_logits(batch=4, vocab=100, seed=0):

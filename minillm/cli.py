@@ -1,0 +1,138 @@
+"""The ``minillm`` command: fetch the course assets, generate text, measure perplexity, bench.
+
+    minillm fetch                       # SmolLM2 + corpora into $MINILLM_HOME (once)
+    minillm generate "Once upon a time" --max-new-tokens 40
+    minillm generate "What is a KV cache?" --chat --temperature 0.7 --top-p 0.9 --stream
+    minillm perplexity --corpus wikipedia --window 512
+    minillm bench                       # quick decode-speed table (benchmarks/decode.py has more)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .assets import AssetError
+
+
+def cmd_fetch(args) -> None:
+    from .assets import fetch_course_model
+    from .data import CORPORA, fetch_corpus
+
+    print(f"course model: {fetch_course_model(force=args.force)}")
+    for name in CORPORA:
+        print(f"corpus {name}: {fetch_corpus(name)}")
+
+
+def _load(args):
+    from .checkpoint import load_model
+    from .tokenizer import Tokenizer
+    from .weight_layout import transpose_linear_weights
+
+    model = load_model(args.model, attn_backend=args.backend)
+    return transpose_linear_weights(model), Tokenizer(args.model)
+
+
+def cmd_generate(args) -> None:
+    from .generate import generate_tokens
+    from .sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              repetition_penalty=args.repetition_penalty, seed=args.seed)
+    model, tokenizer = _load(args)
+    prompt = tokenizer.chat_prompt(args.prompt) if args.chat else tokenizer.encode(args.prompt)
+    stream = generate_tokens(model, prompt, args.max_new_tokens, sampling,
+                             use_cache=not args.no_cache, window=args.window,
+                             stop_tokens=tokenizer.stop_tokens, pad_id=tokenizer.pad_id)
+    if not args.chat:
+        print(args.prompt, end="", flush=True)
+    new_tokens: list[int] = []
+    printed = ""
+    for token in stream:
+        if token.item() in tokenizer.stop_tokens:
+            break
+        new_tokens.append(token.item())
+        if args.stream:  # decode everything so far: a token can be part of a multi-byte char
+            text = tokenizer.decode(new_tokens)
+            print(text[len(printed):], end="", flush=True)
+            printed = text
+    if not args.stream:
+        print(tokenizer.decode(new_tokens), end="")
+    print()
+
+
+def cmd_perplexity(args) -> None:
+    from .data import load_text
+    from .eval import perplexity
+
+    model, tokenizer = _load(args)
+    tokens = tokenizer.encode(load_text(args.corpus, args.split))
+    result = perplexity(model, tokens, window=args.window, stride=args.stride,
+                        max_windows=args.max_windows)
+    print(f"{args.corpus}/{args.split}: perplexity {result.perplexity:.3f} "
+          f"({result.num_tokens} tokens scored in {result.num_windows} windows of {args.window})")
+
+
+def cmd_bench(args) -> None:
+    from .bench import run_decode_benchmark
+
+    run_decode_benchmark(threads=args.threads, new_tokens=args.new_tokens, uncached_tokens=0,
+                         batches=(1,))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minillm", description="LLM inference from the ground up")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    fetch = sub.add_parser("fetch", help="prepare the course model and text corpora (once)")
+    fetch.add_argument("--force", action="store_true", help="convert the model again")
+    fetch.set_defaults(func=cmd_fetch)
+
+    def model_options(p):
+        p.add_argument("--model", default="smollm2",
+                       help="checkpoint dir, hub id, or smollm2 (default)")
+        p.add_argument("--backend", default="sdpa", help="attention backend: sdpa, naive, ...")
+
+    gen = sub.add_parser("generate", help="continue a prompt, or answer it with --chat")
+    gen.add_argument("prompt")
+    model_options(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stream", action="store_true", help="print tokens as they come")
+    gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
+    gen.add_argument("--window", type=int, default=None, help="sliding-window KV cache size")
+    gen.set_defaults(func=cmd_generate)
+
+    ppl = sub.add_parser("perplexity", help="perplexity on a fixed corpus split")
+    model_options(ppl)
+    ppl.add_argument("--corpus", default="wikipedia")
+    ppl.add_argument("--split", default="eval")
+    ppl.add_argument("--window", type=int, default=512)
+    ppl.add_argument("--stride", type=int, default=None)
+    ppl.add_argument("--max-windows", type=int, default=None)
+    ppl.set_defaults(func=cmd_perplexity)
+
+    bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")
+    bench.add_argument("--threads", type=int, default=2)
+    bench.add_argument("--new-tokens", type=int, default=32)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, AssetError) as error:
+        print(f"minillm {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
