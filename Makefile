@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup fetch course test lint bench clean
+.PHONY: setup fetch course test exercises notebooks nbval book browser-test bench clean
 
 $(BIN)/minillm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,12 +16,33 @@ setup: $(BIN)/minillm  ## virtual environment with minillm and its tools
 fetch: setup  ## the course model and corpora into $MINILLM_HOME (once)
 	$(BIN)/minillm fetch
 
-course: fetch  ## the main job: fetch, then show the engine working
+course: fetch  ## the main job: fetch, check every notebook against its stored outputs, build the book
 	$(BIN)/minillm generate "What is a KV cache? Answer in one sentence." --chat --max-new-tokens 60
+	$(MAKE) nbval book
 
 test: fetch  ## every test CI runs
-	$(BIN)/ruff check minillm kernels tests benchmarks
-	$(BIN)/pytest -n 2 --dist loadfile -q
+	$(BIN)/ruff check minillm kernels tests benchmarks solutions exercises
+	$(BIN)/python -m minillm.grading.exercises --check
+	$(BIN)/pytest -n 2 --dist loadfile -q --impl=solutions --ignore=tests/browser
+	$(BIN)/minillm grade --check-honesty --workers 2
+	$(MAKE) nbval book browser-test
+
+exercises: setup  ## regenerate exercises/ from solutions/
+	$(BIN)/python -m minillm.grading.exercises
+
+notebooks: fetch  ## re-execute every notebook in place (outputs are committed)
+	$(BIN)/python benchmarks/notebooks.py
+
+nbval: fetch  ## strict check of every notebook against its stored outputs
+	$(BIN)/pytest --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
+	  -n 2 --dist loadfile -q -p no:cacheprovider
+
+book: setup  ## the course website in book/_build/html (stored outputs, no execution)
+	$(BIN)/jupyter-book build book/ --warningiserror --quiet
+
+browser-test: book  ## open the built site in headless Chromium
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(BIN)/pytest -q tests/browser -p no:cacheprovider
 
 bench: fetch  ## decode benchmark table (docs/benchmarks.md)
 	$(BIN)/python benchmarks/decode.py

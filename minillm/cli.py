@@ -5,6 +5,7 @@
     minillm generate "What is a KV cache?" --chat --temperature 0.7 --top-p 0.9 --stream
     minillm perplexity --corpus wikipedia --window 512
     minillm bench                       # quick decode-speed table (benchmarks/decode.py has more)
+    minillm grade 3                     # score your chapter-3 exercises
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import sys
 
 from .assets import AssetError
+from .grading.grade import GradingError
 
 
 def cmd_fetch(args) -> None:
@@ -80,6 +82,16 @@ def cmd_bench(args) -> None:
                          batches=(1,))
 
 
+def cmd_grade(args) -> None:
+    from .grading.grade import check_honesty, run_graded_tests, score_table
+
+    if args.check_honesty:
+        sys.exit(check_honesty(workers=args.workers))
+    results = run_graded_tests(args.chapter, args.impl, args.timeout, args.workers)
+    print(f"graded: {args.impl}" + (f", chapter {args.chapter}" if args.chapter else ""))
+    print(score_table(results))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minillm", description="LLM inference from the ground up")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--max-windows", type=int, default=None)
     ppl.set_defaults(func=cmd_perplexity)
 
+    grade = sub.add_parser("grade", help="run the graded tests and print your score")
+    grade.add_argument("chapter", nargs="?", default=None, help="e.g. 3 (default: all)")
+    grade.add_argument("--impl", default="exercises", choices=("exercises", "solutions"))
+    grade.add_argument("--timeout", type=float, default=60, help="seconds per test")
+    grade.add_argument("--workers", type=int, default=None, help="parallel pytest workers")
+    grade.add_argument("--check-honesty", action="store_true",
+                       help="CI: every test fails on the stubs and passes on the solutions")
+    grade.set_defaults(func=cmd_grade)
+
     bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")
     bench.add_argument("--threads", type=int, default=2)
     bench.add_argument("--new-tokens", type=int, default=32)
@@ -128,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, AssetError) as error:
+    except (ValueError, AssetError, GradingError) as error:
         print(f"minillm {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,1 @@
+"""Course code: exercises (see minillm.grading)."""

@@ -1,0 +1,58 @@
+"""A pytest plugin that records each graded test's exercise, points and outcome as JSON.
+
+Loaded by ``minillm grade`` with ``-p minillm.grading.plugin --grade-report=FILE``.
+Graded tests carry ``@pytest.mark.exercise("03.1", points=2)``; the marker travels with
+each test report as a user property, so this also works across pytest-xdist workers.
+"""
+
+from __future__ import annotations
+
+import json
+
+_results: dict[str, dict] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--grade-report", default=None, help="write per-test results here (JSON)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        marker = item.get_closest_marker("exercise")
+        if marker is not None:
+            item.user_properties.append(
+                ("exercise", (marker.args[0], marker.kwargs.get("points", 1))))
+
+
+def _first_line_of_failure(report) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:160] if lines else "failed"
+
+
+def pytest_runtest_logreport(report):
+    exercise = dict(report.user_properties).get("exercise")
+    if exercise is None:
+        return
+    result = _results.setdefault(report.nodeid, {
+        "exercise": exercise[0], "points": exercise[1],
+        "test": report.nodeid.split("::")[-1], "outcome": "passed", "reason": ""})
+    if report.failed and result["outcome"] == "passed":
+        result["outcome"] = "failed"
+        result["reason"] = _first_line_of_failure(report)
+
+
+def pytest_collectreport(report):
+    """A test file that cannot even be imported (e.g. a syntax error in your exercise)."""
+    if report.failed:
+        _results[report.nodeid] = {
+            "exercise": report.nodeid.split("/")[-1], "points": 0, "test": "(import)",
+            "outcome": "failed", "reason": _first_line_of_failure(report)}
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("grade_report")
+    if path:
+        with open(path, "w") as f:
+            json.dump(list(_results.values()), f, indent=1)

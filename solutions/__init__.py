@@ -1,0 +1,1 @@
+"""Course code: solutions (see minillm.grading)."""
