@@ -62,8 +62,8 @@ def score_table(results: list[dict]) -> str:
         possible = sum(t["points"] for t in tests)
         failures = [t for t in tests if t["outcome"] != "passed"]
         reason = f"{failures[0]['test']}: {failures[0]['reason']}" if failures else ""
-        rows.append(f"{exercise:<10} {earned:>3} / {possible:<3} {'FAIL' if failures else 'PASS':>6}"
-                    f"  {reason[:90]}")
+        verdict = "FAIL" if failures else "PASS"
+        rows.append(f"{exercise:<10} {earned:>3} / {possible:<3} {verdict:>6}  {reason[:90]}")
         earned_total, possible_total = earned_total + earned, possible_total + possible
     rows += ["-" * 72, f"{'total':<10} {earned_total:>3} / {possible_total:<3}"]
     return "\n".join(rows)
