@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from .kv_cache import KVCache, SlidingWindowKVCache
+from .kv_cache import SlidingWindowKVCache
 from .model import Transformer
 from .sampling import SamplingParams, sample
 
@@ -69,11 +69,11 @@ def _check_request(model: Transformer, prompts: list[list[int]], max_new_tokens:
 
 
 def make_cache(model: Transformer, batch_size: int, max_len: int, window: int | None = None):
-    """A contiguous cache for ``max_len`` steps, or a sliding-window one if ``window`` is set."""
+    """The model's cache class for ``max_len`` steps, or a sliding-window one for ``window``."""
     param = model.embed_tokens.weight
     if window is not None:
         return SlidingWindowKVCache(model.config, batch_size, window, param.dtype, param.device)
-    return KVCache(model.config, batch_size, max_len, param.dtype, param.device)
+    return model.cache_class(model.config, batch_size, max_len, param.dtype, param.device)
 
 
 @torch.inference_mode()

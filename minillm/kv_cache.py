@@ -6,10 +6,11 @@ are not cached: only the newest token asks a question.
 
 Both caches share one interface, used by :class:`minillm.model.Transformer`:
 
-* ``key_steps(n_new)``: the time step of every key the next forward will attend to
-  (-1 for an empty slot), so the model can build the attention mask once per forward;
+* ``steps(n_new)``: the time steps of the new tokens (the queries) and of every key the
+  next forward will attend to (-1 for an empty slot), so the model can build the
+  attention mask once per forward;
 * ``update(layer, k, v)``: store the new tokens' K/V for one layer and return all keys and
-  values to attend to, in the order given by ``key_steps``;
+  values to attend to, in the order of the key steps;
 * ``advance(n_new)``: after all layers ran, count the new tokens as stored.
 
 A *time step* is a column of the batch: with left padding it is not a token position.
@@ -22,6 +23,13 @@ import torch
 from .config import ModelConfig
 
 
+def _allocate(config: ModelConfig, batch_size: int, slots: int, dtype, device):
+    """Zeroed K and V buffers: [layers, batch, kv_heads, slots, head_dim] each."""
+    shape = (config.num_layers, batch_size, config.num_kv_heads, slots, config.head_dim)
+    return (torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device))
+
+
 class KVCache:
     """Contiguous, preallocated cache: [layers, batch, kv_heads, max_len, head_dim] for K and V.
 
@@ -30,22 +38,22 @@ class KVCache:
     """
 
     window: int | None = None  # attends to every past token
+    decode_needs_mask = False  # a single new token may see every key update() returns
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys, self.values = _allocate(config, batch_size, max_len, dtype, device)
         self.max_len = max_len
         self.length = 0
 
-    def key_steps(self, n_new: int) -> torch.Tensor:
+    def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.length + n_new > self.max_len:
             raise ValueError(
                 f"the KV cache holds {self.max_len} steps; {self.length} are used and "
                 f"{n_new} more do not fit. Allocate a larger cache (max_len)."
             )
-        return torch.arange(self.length + n_new, device=self.keys.device)
+        key_steps = torch.arange(self.length + n_new, device=self.keys.device)
+        return key_steps[self.length:], key_steps
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         end = self.length + k.shape[2]
@@ -60,32 +68,65 @@ class KVCache:
         return self.keys.nbytes + self.values.nbytes
 
 
+class StaticKVCache(KVCache):
+    """A contiguous cache whose tensors never change shape, for ``torch.compile``.
+
+    Every forward attends to all ``max_len`` slots; the causal mask hides the slots not
+    written yet (their steps lie in the future). The write position ``next_step`` is a
+    tensor, not a Python int, so a compiled decode step is the same graph at every step.
+    There is no overflow check (it would need the position as a Python int): allocate
+    enough slots.
+    """
+
+    decode_needs_mask = True
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.keys, self.values = _allocate(config, batch_size, max_len, dtype, device)
+        self.max_len = max_len
+        self.all_steps = torch.arange(max_len, device=device)
+        self.next_step = torch.zeros((), dtype=torch.long, device=device)
+        self._writing = self.next_step
+
+    def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self._writing = self.next_step + torch.arange(n_new, device=self.keys.device)
+        return self._writing, self.all_steps
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.keys[layer].index_copy_(2, self._writing, k)
+        self.values[layer].index_copy_(2, self._writing, v)
+        return self.keys[layer], self.values[layer]
+
+    def advance(self, n_new: int) -> None:
+        self.next_step += n_new
+
+
 class SlidingWindowKVCache:
     """Keeps only the last ``window`` steps, in a ring buffer (as in Mistral 7B).
 
     Memory stays constant however long the generation runs; the price is that a token
     can no longer attend further back than ``window`` steps. Keys are stored already
     rotated by RoPE, so their order in the ring does not matter: the mask, built from
-    ``key_steps``, decides who sees whom.
+    ``steps``, decides who sees whom.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, window: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         if window < 1:
             raise ValueError(f"window must be at least 1, got {window}")
-        shape = (config.num_layers, batch_size, config.num_kv_heads, window, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys, self.values = _allocate(config, batch_size, window, dtype, device)
         self.slot_steps = torch.full((window,), -1, dtype=torch.long, device=device)
         self.window = window
+        self.decode_needs_mask = True  # the ring may hold empty slots and steps out of window
         self.length = 0
 
     def _new_steps(self, n_new: int) -> torch.Tensor:
         return torch.arange(self.length, self.length + n_new, device=self.keys.device)
 
-    def key_steps(self, n_new: int) -> torch.Tensor:
-        """The ring's slots first, then the new tokens (which attend to each other too)."""
-        return torch.cat([self.slot_steps, self._new_steps(n_new)])
+    def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys: the ring's slots first, then the new tokens (which attend to each other too)."""
+        new = self._new_steps(n_new)
+        return new, torch.cat([self.slot_steps, new])
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         keys = torch.cat([self.keys[layer], k], dim=2)

@@ -16,6 +16,7 @@ from torch import nn
 
 from .attention import get_backend
 from .config import ModelConfig
+from .kv_cache import KVCache
 from .rope import RotaryEmbedding, apply_rotary
 
 
@@ -106,7 +107,8 @@ def build_attention_mask(query_steps, key_steps, padding=None, window=None):
         allowed &= (q - s) < window
     allowed = allowed[None]  # [1, queries, keys]
     if padding is not None:
-        allowed = allowed & padding[:, None, key_steps.clamp(min=0)].bool()
+        columns = key_steps.clamp(0, padding.shape[1] - 1)  # future slots: masked as causal
+        allowed = allowed & padding[:, None, columns].bool()
     allowed = allowed | (s == q)
     return allowed[:, None]
 
@@ -126,6 +128,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config)
         self.attn_backend = attn_backend
+        self.cache_class = KVCache  # what generate() decodes with (compile_decode changes it)
 
     def set_attention_backend(self, name: str) -> Transformer:
         """Switch every layer to another attention backend (weights are untouched)."""
@@ -145,13 +148,15 @@ class Transformer(nn.Module):
         last_only: compute logits for the last position only (all that decoding needs).
         """
         seq = input_ids.shape[1]
-        start = cache.length if cache is not None else 0
-        query_steps = torch.arange(start, start + seq, device=input_ids.device)
-        key_steps = cache.key_steps(seq) if cache is not None else query_steps
-        window = cache.window if cache is not None else None
+        if cache is None:
+            query_steps = key_steps = torch.arange(seq, device=input_ids.device)
+            window, decode_needs_mask = None, False
+        else:
+            query_steps, key_steps = cache.steps(seq)
+            window, decode_needs_mask = cache.window, cache.decode_needs_mask
         positions = self._rope_positions(query_steps, attention_mask)
         rope_cos, rope_sin = self.rope(positions)
-        if attention_mask is None and window is None and seq == 1:
+        if attention_mask is None and seq == 1 and not decode_needs_mask:
             mask = None  # one new token with no padding: it may see every cached key
         else:
             mask = build_attention_mask(query_steps, key_steps, attention_mask, window)

@@ -135,3 +135,19 @@ def test_smollm2_batched_padding_and_cache(smollm2, tokenizer):
     batched = generate(smollm2, prompts, 12, pad_id=tokenizer.pad_id)
     assert batched == [generate(smollm2, p, 12)[0] for p in prompts]
     assert generate(smollm2, prompts[0], 12, use_cache=False) == [batched[0]]
+
+
+def test_static_cache_generates_the_same_tokens(tiny):
+    from minillm.kv_cache import StaticKVCache
+
+    expected = generate(tiny, PROMPTS, 12)
+    tiny.cache_class = StaticKVCache
+    assert generate(tiny, PROMPTS, 12) == expected
+    assert generate(tiny, PROMPTS[0], 12) == expected[:1]
+
+
+def test_compiled_decode_generates_the_same_tokens(tiny):
+    from minillm.compile import compile_decode
+
+    expected = generate(tiny, PROMPTS[0], 8)
+    assert generate(compile_decode(tiny, mode="default"), PROMPTS[0], 8) == expected
