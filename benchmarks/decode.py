@@ -21,11 +21,14 @@ def main(argv=None):
     parser.add_argument("--uncached-tokens", type=int, default=256,
                         help="new tokens for the cached-vs-uncached comparison (batch 1)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--quick", action="store_true", help="32 tokens, batch 1, no uncached")
+    parser.add_argument("--no-compile", action="store_true", help="skip the compile_decode row")
+    parser.add_argument("--quick", action="store_true",
+                        help="32 tokens, batch 1, no uncached or compiled rows")
     args = parser.parse_args(argv)
     if args.quick:
-        args.new_tokens, args.uncached_tokens, args.batches = 32, 0, [1]
-    run_decode_benchmark(args.threads, args.new_tokens, args.uncached_tokens, args.batches)
+        args.new_tokens, args.uncached_tokens, args.batches, args.no_compile = 32, 0, [1], True
+    run_decode_benchmark(args.threads, args.new_tokens, args.uncached_tokens, args.batches,
+                         compiled=not args.no_compile)
 
 
 if __name__ == "__main__":

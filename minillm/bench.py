@@ -130,12 +130,17 @@ def format_table(rows: list[DecodeRow], baseline: DecodeRow, roofline_tps: float
 
 
 def run_decode_benchmark(threads: int = 2, new_tokens: int = 128, uncached_tokens: int = 256,
-                         batches: tuple[int, ...] = (1, 8)) -> None:
-    """Print one table per batch size; every row decodes the same prompts greedily."""
+                         batches: tuple[int, ...] = (1, 8), compiled: bool = True) -> None:
+    """Print one table per batch size; every row decodes the same prompts greedily.
+
+    ``compiled`` adds a row for :func:`minillm.compile.compile_decode` at batch 1 (its
+    warm-up run includes a few minutes of compilation, reported separately).
+    """
     from transformers import AutoModelForCausalLM
 
     from .assets import fetch_course_model
     from .checkpoint import load_model
+    from .compile import compile_decode
     from .tokenizer import Tokenizer
     from .weight_layout import transpose_linear_weights
 
@@ -163,6 +168,13 @@ def run_decode_benchmark(threads: int = 2, new_tokens: int = 128, uncached_token
             bench_minillm("minillm, KV cache, [in, out] weights", transposed, prompts,
                           new_tokens, pad_id=pad),
         ]
+        if batch == 1 and compiled:
+            start = time.perf_counter()
+            model = compile_decode(copy.deepcopy(plain))
+            generate(model, prompts, 2)  # compiles the decode step
+            print(f"compile_decode: {time.perf_counter() - start:.0f} s to compile")
+            rows.append(bench_minillm("minillm, KV cache, compile_decode", model, prompts,
+                                      new_tokens, pad_id=pad))
         if batch == 1 and uncached_tokens:
             cached = bench_minillm("minillm, KV cache", plain, prompts, uncached_tokens,
                                    repeats=1)
