@@ -15,34 +15,39 @@ from pathlib import Path
 
 from . import IMPLS, REPO_ROOT
 
-GRADING_DIR = REPO_ROOT / "tests" / "grading"
-
-
 class GradingError(RuntimeError):
     """The graded tests could not be run at all."""
 
 
-def graded_files(chapter: str | None = None) -> list[Path]:
-    pattern = f"test_ch{int(chapter):02d}_*.py" if chapter else "test_ch*.py"
-    files = sorted(GRADING_DIR.glob(pattern))
+def graded_files(chapter: str | None = None, root: Path = REPO_ROOT) -> list[Path]:
+    grading_dir = root / "tests" / "grading"
+    try:
+        pattern = f"test_ch{int(chapter):02d}_*.py" if chapter else "test_ch*.py"
+    except ValueError:
+        raise GradingError(f"chapter must be a number like 3, got {chapter!r}") from None
+    files = sorted(grading_dir.glob(pattern))
     if not files:
-        raise GradingError(f"no graded tests match chapter {chapter!r} in {GRADING_DIR}")
+        raise GradingError(f"no graded tests match chapter {chapter!r} in {grading_dir}")
     return files
 
 
 def run_graded_tests(chapter: str | None = None, impl: str = "exercises",
-                     timeout: float = 60, workers: int | None = None) -> list[dict]:
-    """One dict per graded test: exercise, points, test, outcome, reason."""
+                     timeout: float = 60, workers: int | None = None,
+                     root: Path = REPO_ROOT) -> list[dict]:
+    """One dict per graded test: exercise, points, test, outcome, reason.
+
+    ``root`` is the course repository (its ``tests/conftest.py`` defines ``--impl``).
+    """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "grade.json"
-        cmd = [sys.executable, "-m", "pytest", *map(str, graded_files(chapter)), "-q",
+        cmd = [sys.executable, "-m", "pytest", *map(str, graded_files(chapter, root)), "-q",
                "-p", "minillm.grading.plugin", f"--grade-report={report}", f"--impl={impl}",
                f"--timeout={timeout}", "-p", "no:cacheprovider", "-W", "ignore"]
         if workers:
             cmd += ["-n", str(workers), "--dist", "loadfile"]
-        done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
         if not report.exists():
             raise GradingError("the graded tests did not run:\n" + done.stdout[-2000:]
                                + done.stderr[-2000:])

@@ -25,10 +25,15 @@ def pytest_collection_modifyitems(items):
 
 
 def _first_line_of_failure(report) -> str:
+    """The error message: pytest's crash line, or the ``E   ...Error`` line of a traceback."""
     crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0][:160] if lines else "failed"
+    if crash is not None:
+        lines = [line.strip() for line in crash.message.splitlines() if line.strip()]
+        return lines[0][:160] if lines else "failed"
+    errors = [line[1:].strip() for line in str(report.longrepr).splitlines()
+              if line.startswith("E ")]
+    named = [line for line in errors if "Error" in line or "Exception" in line]
+    return (named or errors or ["failed"])[-1][:160]
 
 
 def pytest_runtest_logreport(report):
