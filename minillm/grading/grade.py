@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import IMPLS, REPO_ROOT
 
+
 class GradingError(RuntimeError):
     """The graded tests could not be run at all."""
 
