@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
-from minillm.checkpoint import load_model
-from minillm.config import ModelConfig
+if not torch.cuda.is_available():  # Triton kernels run in Triton's interpreter on a CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from minillm.checkpoint import load_model  # noqa: E402
+from minillm.config import ModelConfig  # noqa: E402
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,

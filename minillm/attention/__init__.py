@@ -20,6 +20,7 @@ import torch
 
 from .naive import naive_attention
 from .sdpa import sdpa_attention
+from .tiled import tiled_attention
 
 AttentionBackend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
                             torch.Tensor]
@@ -27,14 +28,24 @@ AttentionBackend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 BACKENDS: dict[str, AttentionBackend] = {
     "naive": naive_attention,
     "sdpa": sdpa_attention,
+    "tiled": tiled_attention,
 }
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """Look up a backend by name, with an error that lists the choices."""
+    """Look up a backend by name, with an error that lists the choices.
+
+    ``triton`` is imported on first use: it needs Triton, and on a CPU the environment
+    variable ``TRITON_INTERPRET=1`` set before the import.
+    """
+    if name == "triton" and name not in BACKENDS:
+        from minillm.kernels.flash_attention import triton_attention
+
+        BACKENDS["triton"] = triton_attention
     try:
         return BACKENDS[name]
     except KeyError:
         raise ValueError(
-            f"unknown attention backend {name!r}; choose one of {', '.join(sorted(BACKENDS))}"
+            f"unknown attention backend {name!r}; choose one of "
+            f"{', '.join(sorted([*BACKENDS, 'triton']))}"
         ) from None
