@@ -77,7 +77,8 @@ def _flash_forward(
             allowed = allowed & (keys[None, :] <= (offset + rows)[:, None])
         if HAS_MASK:
             tile = Mask + batch * stride_maskb + rows[:, None] * stride_maskm + keys[None, :]
-            allowed = allowed & (tl.load(tile, mask=row_ok[:, None] & key_ok[None, :], other=0) != 0)
+            in_bounds = row_ok[:, None] & key_ok[None, :]
+            allowed = allowed & (tl.load(tile, mask=in_bounds, other=0) != 0)
         scores = tl.where(allowed, scores, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(scores, axis=1))
