@@ -23,6 +23,7 @@ _LAYER_RENAMES = {
     "post_attention_layernorm": "mlp_norm",
     "self_attn": "attn",
 }
+_LAYER_RENAMES_BACK = {ours: theirs for theirs, ours in _LAYER_RENAMES.items()}
 
 
 def hf_to_minillm_name(name: str) -> str:
@@ -33,6 +34,38 @@ def hf_to_minillm_name(name: str) -> str:
         index, module, rest = match.groups()
         return f"layers.{index}.{_LAYER_RENAMES.get(module, module)}.{rest}"
     return name
+
+
+def minillm_to_hf_name(name: str) -> str:
+    """The inverse of :func:`hf_to_minillm_name`."""
+    if name == "lm_head.weight":
+        return name
+    match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
+    if match:
+        index, module, rest = match.groups()
+        name = f"layers.{index}.{_LAYER_RENAMES_BACK.get(module, module)}.{rest}"
+    return "model." + name
+
+
+def save_model(model: Transformer, directory: str | Path) -> Path:
+    """Write ``model`` as a Hugging Face Llama checkpoint (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {minillm_to_hf_name(k): v.detach().contiguous()
+             for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    hf_config = {**model.config.to_hf(), "architectures": ["LlamaForCausalLM"],
+                 "torch_dtype": str(model.embed_tokens.weight.dtype).removeprefix("torch.")}
+    if model.config.bos_token_id is not None:
+        hf_config["bos_token_id"] = model.config.bos_token_id
+    if model.config.eos_token_ids:
+        hf_config["eos_token_id"] = model.config.eos_token_ids
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2))
+    return directory
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
