@@ -74,6 +74,7 @@ def _in_subprocess(kind: str, n: int) -> dict:
 def _gpu_tflops(d: int, heads: int, causal: bool, n: int) -> tuple[float, float]:
     """(Triton, SDPA flash) TFLOP/s for one shape, fp16, batch 4."""
     import triton
+
     from minillm.kernels.flash_attention import flash_attention
 
     q, k, v = (torch.randn(4, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(3))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_pair
 
+from conftest import tiny_pair
 from minillm.attention import get_backend
 from minillm.attention.naive import naive_attention
 from minillm.attention.tiled import online_softmax_step, tiled_attention_with_lse

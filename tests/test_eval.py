@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_pair
 
+from conftest import tiny_pair
 from minillm.eval import make_windows, perplexity
 
 

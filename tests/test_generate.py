@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_pair
 
+from conftest import tiny_pair
 from minillm.generate import generate, generate_tokens, pad_left
 from minillm.kv_cache import KVCache, SlidingWindowKVCache, kv_cache_bytes
 from minillm.sampling import SamplingParams

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_pair
 
+from conftest import tiny_pair
 from minillm.generate import generate
 
 SENTENCE = ("The Eiffel Tower was built for the 1889 World's Fair in Paris and was, for forty "
