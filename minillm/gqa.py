@@ -24,7 +24,8 @@ from torch import nn
 from .model import Transformer
 
 
-def _regroup(proj: nn.Linear, old_heads: int, new_heads: int, head_dim: int) -> nn.Linear:
+def regroup_kv_projection(proj: nn.Linear, old_heads: int, new_heads: int,
+                          head_dim: int) -> nn.Linear:
     """Rows of a K or V projection, [old_heads * head_dim, hidden] -> [new_heads * ...]."""
     weight = proj.weight.detach().view(old_heads, head_dim, -1)
     if new_heads > old_heads:
@@ -59,8 +60,9 @@ def with_kv_heads(model: Transformer, num_kv_heads: int) -> Transformer:
     new_model.config = replace(config, num_kv_heads=num_kv_heads)
     for layer in new_model.layers:
         attn = layer.attn
-        attn.k_proj = _regroup(attn.k_proj, old, num_kv_heads, config.head_dim)
-        attn.v_proj = _regroup(attn.v_proj, old, num_kv_heads, config.head_dim)
+        for name in ("k_proj", "v_proj"):
+            setattr(attn, name, regroup_kv_projection(getattr(attn, name), old, num_kv_heads,
+                                                      config.head_dim))
         attn.num_kv_heads = num_kv_heads
     return new_model
 
