@@ -1,0 +1,78 @@
+"""Chapter 05: FlashAttention — online softmax, tiling, and a first Triton kernel."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,
+                          scores: torch.Tensor, v_block: torch.Tensor):
+    """Exercise 05.1: Fold one block of scores into the running softmax state.
+
+    m, l: [rows] running max and running sum of exp(score - m); acc: [rows, d] running sum of
+    exp(score - m) * v. scores: [rows, block] (may contain -inf); v_block: [block, d].
+    Returns the new (m, l, acc). After the last block, acc / l is softmax(all scores) @ V.
+    Hint: m' = max(m, rowmax(scores)); everything accumulated so far is multiplied by
+    exp(m - m'). Guard rows where m' is still -inf (exp(-inf - -inf) is nan).
+    """
+    ### BEGIN SOLUTION
+    m_new = torch.maximum(m, scores.amax(dim=-1))
+    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    rescale = torch.exp(m - m_safe)
+    p = torch.exp(scores - m_safe[:, None])
+    return m_new, l * rescale + p.sum(-1), acc * rescale[:, None] + p @ v_block
+    ### END SOLUTION
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    block_size: int = 16) -> torch.Tensor:
+    """Exercise 05.2: Single-head attention that never builds the [n_q, n_k] score matrix.
+
+    q: [n_q, d]; k, v: [n_k, d] (no mask). Walk over key/value blocks of block_size rows,
+    compute that block's scores q @ k_blockᵀ / √d, and fold it in with online_softmax_update.
+    Returns softmax(q kᵀ / √d) v, [n_q, d]. n_k need not be a multiple of block_size.
+    """
+    ### BEGIN SOLUTION
+    n_q, d = q.shape
+    m = torch.full((n_q,), float("-inf"), dtype=q.dtype)
+    l = torch.zeros(n_q, dtype=q.dtype)
+    acc = torch.zeros(n_q, v.shape[1], dtype=q.dtype)
+    for start in range(0, k.shape[0], block_size):
+        scores = q @ k[start:start + block_size].T / math.sqrt(d)
+        m, l, acc = online_softmax_update(m, l, acc, scores, v[start:start + block_size])
+    return acc / l[:, None]
+    ### END SOLUTION
+
+
+@triton.jit
+def softmax_kernel(x_ptr, out_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
+    """Exercise 05.3: A Triton program that softmaxes one row of a matrix.
+
+    Program i handles row i: load the row (columns >= n_cols masked to -inf), subtract its
+    max, exponentiate, divide by the sum, store. BLOCK is a power of two >= n_cols.
+    Hint: row = tl.program_id(0); cols = tl.arange(0, BLOCK); pointers are
+    x_ptr + row * row_stride + cols; use tl.load(..., mask=cols < n_cols, other=-inf),
+    tl.max, tl.exp, tl.sum, tl.store(..., mask=...). Compute in fp32.
+    """
+    ### BEGIN SOLUTION
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    x = tl.load(x_ptr + row * row_stride + cols, mask=inside, other=float("-inf"))
+    x = x.to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * row_stride + cols, e / tl.sum(e, axis=0), mask=inside)
+    ### END SOLUTION
+
+
+def triton_softmax(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise softmax of a 2-D fp32 tensor with softmax_kernel (given: the launcher)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    softmax_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0),
+                                  BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out
