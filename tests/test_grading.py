@@ -111,7 +111,7 @@ def test_grader_survives_wrong_answers_endless_loops_and_crashes(tmp_path):
     assert "Timeout" in outcome["99.3"]["reason"]
     assert "IndexError" in outcome["99.4"]["reason"]
     table = score_table(results)
-    assert "total        2 / 5" in table and table.count("FAIL") == 3
+    assert "total       2.0 / 5.0" in table and table.count("FAIL") == 3
 
 
 def test_grader_reports_a_syntax_error_readably(tmp_path):

@@ -60,7 +60,7 @@ def score_table(results: list[dict]) -> str:
     by_exercise: dict[str, list[dict]] = defaultdict(list)
     for r in results:
         by_exercise[r["exercise"]].append(r)
-    rows = [f"{'exercise':<10} {'points':>8}  result  reason", "-" * 72]
+    rows = [f"{'exercise':<10} {'points':>11}  result  reason", "-" * 72]
     earned_total = possible_total = 0
     for exercise in sorted(by_exercise):
         tests = by_exercise[exercise]
@@ -69,9 +69,9 @@ def score_table(results: list[dict]) -> str:
         failures = [t for t in tests if t["outcome"] != "passed"]
         reason = f"{failures[0]['test']}: {failures[0]['reason']}" if failures else ""
         verdict = "FAIL" if failures else "PASS"
-        rows.append(f"{exercise:<10} {earned:>3} / {possible:<3} {verdict:>6}  {reason[:90]}")
+        rows.append(f"{exercise:<10} {earned:>4.1f} / {possible:<4.1f} {verdict:>5}  {reason[:90]}")
         earned_total, possible_total = earned_total + earned, possible_total + possible
-    rows += ["-" * 72, f"{'total':<10} {earned_total:>3} / {possible_total:<3}"]
+    rows += ["-" * 72, f"{'total':<10} {earned_total:>4.1f} / {possible_total:<4.1f}"]
     return "\n".join(rows)
 
 

@@ -1,7 +1,8 @@
 """A pytest plugin that records each graded test's exercise, points and outcome as JSON.
 
 Loaded by ``minillm grade`` with ``-p minillm.grading.plugin --grade-report=FILE``.
-Graded tests carry ``@pytest.mark.exercise("03.1", points=2)``; the marker travels with
+Graded tests carry ``@pytest.mark.exercise("03.1", points=2)`` (shared equally by a
+parametrized test's cases); the marker travels with
 each test report as a user property, so this also works across pytest-xdist workers.
 """
 
@@ -17,11 +18,17 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(items):
+    """A test function's points are shared by its parametrized cases."""
+    cases: dict[tuple, int] = {}
+    for item in items:
+        key = (item.path, getattr(item, "originalname", item.name))
+        cases[key] = cases.get(key, 0) + 1
     for item in items:
         marker = item.get_closest_marker("exercise")
         if marker is not None:
-            item.user_properties.append(
-                ("exercise", (marker.args[0], marker.kwargs.get("points", 1))))
+            share = cases[(item.path, getattr(item, "originalname", item.name))]
+            points = marker.kwargs.get("points", 1) / share
+            item.user_properties.append(("exercise", (marker.args[0], points)))
 
 
 def _first_line_of_failure(report) -> str:
