@@ -57,6 +57,18 @@ def copy_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
     return 2 * src.nbytes / best
 
 
+def matmul_flops_per_second(n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an [n, n] @ [n, n] fp32 matmul: this machine's compute roof."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter once, except the embedding
     table, of which a step reads one row (unless it is tied to the lm_head, read in full)."""
