@@ -5,7 +5,8 @@
 
 CPU: causal attention with SmolLM2's shape (9 heads, 3 KV heads, head_dim 64), batch 1,
 fp32. Peak memory is measured, not estimated: each call runs in a fresh process and we
-report how much its peak resident memory grew (ru_maxrss) during the call.
+report how much its peak resident memory grew (ru_maxrss) during the call
+(minillm.attention.peak_memory).
 
 GPU: the Triton kernel in minillm.kernels vs torch's scaled_dot_product_attention (flash
 backend), fp16, batch 4, 32 heads (16 for head_dim 128), TFLOP/s as in the Triton tutorial
@@ -15,41 +16,12 @@ backend), fp16, batch 4, 32 heads (16 for head_dim 128), TFLOP/s as in the Trito
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
-import time
 
 import torch
 
+from minillm.attention.peak_memory import measure
+
 CPU_SHAPE = dict(heads=9, kv_heads=3, head_dim=64)
-
-
-def _one_cpu_call(kind: str, n: int) -> dict:
-    """Run one attention call in this process; report seconds and peak-memory growth."""
-    import resource
-
-    from minillm.attention.naive import naive_attention
-    from minillm.attention.tiled import tiled_attention_with_lse
-    from minillm.model import build_attention_mask
-
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    h, kvh, d = CPU_SHAPE["heads"], CPU_SHAPE["kv_heads"], CPU_SHAPE["head_dim"]
-    q, k, v = torch.randn(1, h, n, d), torch.randn(1, kvh, n, d), torch.randn(1, kvh, n, d)
-    steps = torch.arange(n)
-    calls = {
-        "naive": lambda: naive_attention(q, k, v, build_attention_mask(steps, steps)),
-        "tiled": lambda: tiled_attention_with_lse(q, k, v, causal=True)[0],
-        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=True),
-    }
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    calls[kind]()
-    seconds = time.perf_counter() - start
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    return {"seconds": seconds, "peak_mb": peak_kib / 1024}
 
 
 def cpu_table(lengths: list[int]) -> None:
@@ -58,17 +30,10 @@ def cpu_table(lengths: list[int]) -> None:
           "| naive / tiled memory |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in lengths:
-        r = {kind: _in_subprocess(kind, n) for kind in ("naive", "tiled", "sdpa")}
-        print(f"| {n} | {r['naive']['seconds']:.2f} | {r['tiled']['seconds']:.2f} | "
-              f"{r['sdpa']['seconds']:.2f} | {r['naive']['peak_mb']:.0f} | "
-              f"{r['tiled']['peak_mb']:.0f} | {r['sdpa']['peak_mb']:.0f} | "
-              f"{r['naive']['peak_mb'] / max(r['tiled']['peak_mb'], 1):.0f}x |", flush=True)
-
-
-def _in_subprocess(kind: str, n: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--one-call", kind, str(n)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        (naive_s, naive_mb), (tiled_s, tiled_mb), (sdpa_s, sdpa_mb) = (
+            measure(kind, n, **CPU_SHAPE) for kind in ("naive", "tiled", "sdpa"))
+        print(f"| {n} | {naive_s:.2f} | {tiled_s:.2f} | {sdpa_s:.2f} | {naive_mb:.0f} | "
+              f"{tiled_mb:.0f} | {sdpa_mb:.0f} | {naive_mb / max(tiled_mb, 1):.0f}x |", flush=True)
 
 
 def _gpu_tflops(d: int, heads: int, causal: bool, n: int) -> tuple[float, float]:
@@ -106,11 +71,7 @@ def main(argv=None):
     parser.add_argument("--gpu-lengths", type=int, nargs="+",
                         default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--skip-cpu", action="store_true")
-    parser.add_argument("--one-call", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one_call:  # a fresh process measuring one call (see cpu_table)
-        print(json.dumps(_one_cpu_call(args.one_call[0], int(args.one_call[1]))))
-        return
     if not args.skip_cpu:
         cpu_table(args.cpu_lengths)
     if torch.cuda.is_available():

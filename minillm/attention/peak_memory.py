@@ -1,0 +1,52 @@
+"""Measure the time and peak memory of one attention call, in a fresh process.
+
+PyTorch reports peak memory only for GPUs, so on a CPU we measure the operating system's
+view: how much the peak resident set size (``ru_maxrss``) of a new process grows during
+one call. A fresh process per measurement keeps earlier allocations from hiding the peak.
+Used by chapter 05 and ``benchmarks/attention.py``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import time
+
+import torch
+
+KINDS = ("naive", "tiled", "sdpa")
+
+
+def _call(kind: str, n: int, heads: int, kv_heads: int, head_dim: int) -> tuple[float, float]:
+    from .naive import naive_attention
+    from .tiled import tiled_attention_with_lse
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    q = torch.randn(1, heads, n, head_dim)
+    k, v = torch.randn(1, kv_heads, n, head_dim), torch.randn(1, kv_heads, n, head_dim)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    calls = {
+        "naive": lambda: naive_attention(q, k, v, causal),
+        "tiled": lambda: tiled_attention_with_lse(q, k, v, causal=True)[0],
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True),
+    }
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    calls[kind]()
+    seconds = time.perf_counter() - start
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    return seconds, grown_kib / 1024
+
+
+def measure(kind: str, n: int, heads: int = 9, kv_heads: int = 3,
+            head_dim: int = 64) -> tuple[float, float]:
+    """(seconds, peak MB above the inputs) of one causal attention call of length ``n``.
+
+    The boolean causal mask for ``naive`` is built before measuring (it is an input).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_call, (kind, n, heads, kv_heads, head_dim))
