@@ -1,15 +1,18 @@
 """Measure the time and peak memory of one attention call, in a fresh process.
 
 PyTorch reports peak memory only for GPUs, so on a CPU we measure the operating system's
-view: how much the peak resident set size (``ru_maxrss``) of a new process grows during
-one call. A fresh process per measurement keeps earlier allocations from hiding the peak.
+view: a background thread samples the process's resident memory (``/proc/self/statm``)
+every fraction of a millisecond during the call, and we report the peak minus the level
+just before it. Large tensors are mapped and unmapped directly by the allocator, so they
+show up and disappear in that number. Each measurement runs in a fresh process.
 Used by chapter 05 and ``benchmarks/attention.py``.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import resource
+import os
+import threading
 import time
 
 import torch
@@ -32,12 +35,28 @@ def _call(kind: str, n: int, heads: int, kv_heads: int, head_dim: int) -> tuple[
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=True),
     }
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    calls[kind]()  # warm-up: first-call allocations (thread pools, kernels) are not attention's
+    baseline, peak = _resident_bytes(), [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _resident_bytes())
+            time.sleep(0.0002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     start = time.perf_counter()
     calls[kind]()
     seconds = time.perf_counter() - start
-    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    return seconds, grown_kib / 1024
+    done.set()
+    sampler.join()
+    return seconds, max(peak[0] - baseline, 0) / 2**20
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def measure(kind: str, n: int, heads: int = 9, kv_heads: int = 3,
