@@ -68,3 +68,4 @@ def test_chapter_page_shows_figures_and_outputs(site_url, tmp_path):
     assert "<h1" in dom and "KV cache" in dom
     assert "<img" in dom and ("image/png" in dom or "_images/" in dom)  # a stored figure
     assert "cell_output" in dom  # a code cell's stored output is shown
+    assert "mjx-container" in dom  # equations rendered by MathJax (served with the site)
