@@ -99,13 +99,27 @@ def _flash_forward(
     tl.store(Lse + batch_head * q_len + rows, lse, mask=row_ok)
 
 
+# On a GPU, let Triton time a few tile shapes per problem size and keep the fastest. The
+# interpreter cannot autotune (and speed means nothing there), so it uses fixed tiles.
+_GPU_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+    for bm, bn, warps, stages in [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4),
+                                  (128, 32, 4, 4), (64, 128, 4, 3)]
+]
+_flash_forward_tuned = None if INTERPRETED else triton.autotune(
+    configs=_GPU_CONFIGS, key=["q_len", "kv_len", "HEAD_DIM", "CAUSAL", "HAS_MASK"],
+)(_flash_forward)
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    mask: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64):
+                    mask: torch.Tensor | None = None, block_m: int | None = None,
+                    block_n: int | None = None):
     """softmax(q kᵀ / √d) v with the Triton kernel; returns (out, lse [b, heads, q_len] fp32).
 
     q [b, heads, q_len, d]; k, v [b, kv_heads, kv_len, d]; heads % kv_heads == 0;
     d a power of two (64 and 128 are what Llama-family models use). ``mask``: bool,
-    [b or 1, 1, q_len, kv_len], True where attending is allowed.
+    [b or 1, 1, q_len, kv_len], True where attending is allowed. ``block_m``/``block_n``
+    fix the tile shape; by default the interpreter uses 64 x 64 and a GPU autotunes.
     """
     b, heads, q_len, d = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
@@ -124,8 +138,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         mask, mask_strides = q, (0, 0)  # never read: HAS_MASK is False
     out = torch.empty_like(q)
     lse = torch.empty(b, heads, q_len, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(q_len, block_m), b * heads)
-    _flash_forward[grid](
+    args = (
         q, k, v, out, lse, mask,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -133,9 +146,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         out.stride(0), out.stride(1), out.stride(2),
         *mask_strides,
         heads, q_len, kv_len, 1.0 / math.sqrt(d),
-        GROUPS=heads // kv_heads, HEAD_DIM=d, CAUSAL=causal, HAS_MASK=has_mask,
-        BLOCK_M=block_m, BLOCK_N=block_n,
     )
+    flags = dict(GROUPS=heads // kv_heads, HEAD_DIM=d, CAUSAL=causal, HAS_MASK=has_mask)
+    if _flash_forward_tuned is not None and block_m is None and block_n is None:
+        grid = lambda meta: (triton.cdiv(q_len, meta["BLOCK_M"]), b * heads)  # noqa: E731
+        _flash_forward_tuned[grid](*args, **flags)
+    else:
+        block_m, block_n = block_m or 64, block_n or 64
+        _flash_forward[(triton.cdiv(q_len, block_m), b * heads)](
+            *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n)
     return out, lse
 
 
