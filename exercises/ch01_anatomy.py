@@ -1,52 +1,62 @@
 # Generated from solutions/ch01_anatomy.py by `python -m minillm.grading.exercises`.
 # Fill in the parts that raise NotImplementedError; do not edit the rest.
-"""Chapter 01: the anatomy of inference — FLOPs, bytes, the roofline, latency metrics."""
+"""Chapter 01: anatomy of inference — FLOPs, bytes, the roofline, and latency metrics."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
-def matmul_flops(m: int, k: int, n: int) -> int:
-    """Exercise 01.1: Return the floating-point operations of an [m, k] @ [k, n] matmul.
+def matmul_intensity(m: int, k: int, n: int, bytes_per_value: int = 4) -> float:
+    """Exercise 01.1: Return the arithmetic intensity (FLOPs per byte) of [m, k] @ [k, n].
 
-    Each of the m * n outputs is a dot product of length k: k multiplies and k adds
-    (count a fused multiply-add as 2 FLOPs, as hardware peak numbers do).
-    Hint: a decode step of a model with P parameters is about matmul_flops(1, P, 1).
+    FLOPs: each of the m x n outputs is a dot product of length k, i.e. k multiply-adds,
+    counted as 2 FLOPs each. Bytes: the minimum memory traffic, reading both inputs once
+    and writing the output once, at `bytes_per_value` bytes per number (4 for fp32).
+    Hint: a decode step multiplies one token (m = 1) by a weight [k, n]: the intensity is
+    close to 2 / bytes_per_value, whatever the size of the weight.
     """
-    raise NotImplementedError("Exercise 01.1: Return the floating-point operations of an [m, k] @ [k, n] matmul")
+    raise NotImplementedError("Exercise 01.1: Return the arithmetic intensity (FLOPs per byte) of [m, k] @ [k, n]")
 
 
 def roofline_time(flops: float, bytes_moved: float, peak_flops: float,
                   bandwidth: float) -> float:
-    """Exercise 01.2: Return the least time (s) a computation can take (Williams et al. 2009).
+    """Exercise 01.2: Return the roofline's lower bound on a computation's time, in seconds.
 
-    It must do `flops` operations at no more than `peak_flops` per second, and move
-    `bytes_moved` bytes at no more than `bandwidth` bytes per second; the slower of the two
-    bounds it (compute-bound vs memory-bound).
+    The computation does `flops` FLOPs and moves `bytes_moved` bytes on a machine that
+    computes at most `peak_flops` FLOP/s and moves at most `bandwidth` bytes/s. Both take
+    time, and (overlapping perfectly) the slower of the two sets the pace. Williams et al.
+    (2009) state the same bound as attainable FLOP/s = min(peak, bandwidth x intensity).
+    Hint: one line.
     """
-    raise NotImplementedError("Exercise 01.2: Return the least time (s) a computation can take (Williams et al. 2009)")
+    raise NotImplementedError("Exercise 01.2: Return the roofline's lower bound on a computation's time, in seconds")
 
 
-def latency_metrics(request_start: float, token_times: list[float]) -> dict[str, float]:
-    """Exercise 01.3: Serving metrics of one request from the times its tokens arrived.
+def latency_metrics(request_start: float, token_times: Sequence[float]) -> dict[str, float]:
+    """Exercise 01.3: Return the latency metrics of one request from its token timestamps.
 
-    request_start: when the request was sent (s); token_times: when each generated token
-    arrived (s, increasing, at least one). Return a dict with
-      "ttft": time to first token = token_times[0] - request_start;
-      "tpot": time per output token after the first = mean gap between consecutive tokens
-              (0.0 if there is only one token);
-      "throughput": tokens per second over the whole request = len(token_times) /
-              (token_times[-1] - request_start).
+    request_start: when the request was sent (seconds, e.g. time.perf_counter());
+    token_times: when each output token arrived, in order (same clock).
+    Returns a dict with
+      "ttft": time to first token (first token time - request_start),
+      "tpot": time per output token, the mean gap between consecutive tokens after the
+              first one (math.nan if there is only one token),
+      "latency": end-to-end time (last token time - request_start),
+      "throughput": output tokens per second over the whole request (tokens / latency).
+    Raise ValueError if token_times is empty.
+    Hint: the gaps between n tokens add up to last - first, and there are n - 1 of them.
     """
-    raise NotImplementedError("Exercise 01.3: Serving metrics of one request from the times its tokens arrived")
+    raise NotImplementedError("Exercise 01.3: Return the latency metrics of one request from its token timestamps")
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Exercise 01.4: The q-th percentile (0 <= q <= 100) with linear interpolation.
+def percentile(values: Sequence[float], q: float) -> float:
+    """Exercise 01.4: Return the q-th percentile (0 <= q <= 100) of values, interpolating linearly.
 
-    Sort the values; the percentile sits at fractional index i = q / 100 * (n - 1);
-    interpolate between the values at floor(i) and ceil(i). This is numpy.percentile's
-    default method. P95 latency = percentile(latencies, 95).
+    Sort the values; the percentile sits at fractional index (n - 1) * q / 100 of the
+    sorted list, between the two neighbouring values, weighted by the fractional part.
+    This is numpy.percentile(values, q, method="linear") (numpy's default); P95 latency
+    is percentile(latencies, 95). Do not reorder the caller's list, and do not call numpy.
+    Hint: lo = floor(index), hi = min(lo + 1, n - 1); result = v[lo] + (v[hi] - v[lo]) * frac.
     """
-    raise NotImplementedError("Exercise 01.4: The q-th percentile (0 <= q <= 100) with linear interpolation")
+    raise NotImplementedError("Exercise 01.4: Return the q-th percentile (0 <= q <= 100) of values, interpolating linearly")
