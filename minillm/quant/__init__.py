@@ -1,0 +1,1 @@
+"""Quantization: storing weights in fewer bits (course part III)."""

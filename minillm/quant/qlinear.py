@@ -1,0 +1,110 @@
+"""QuantLinear: a linear layer whose weight is stored as packed integers.
+
+``quantize_model(model, scheme)`` swaps every ``nn.Linear`` (except those named in
+``skip``, by default the lm_head) for a :class:`QuantLinear` holding
+
+* ``codes``: the integer weights; 4-bit codes packed two per byte (``packing.py``),
+  other widths one per byte;
+* ``scales`` and ``zeros`` per group, in fp16 (they are counted in the model's size).
+
+The forward pass dequantizes the weight and runs an ordinary matmul: the simple CPU path.
+Memory is what shrinks; a fused dequant-matmul kernel is what makes it fast on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .basic import Quantized, QuantScheme, quantize
+from .packing import pack_int4, unpack_int4
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, scheme: QuantScheme):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.scheme = scheme
+        q = quantize(linear.weight.detach(), scheme)
+        codes = q.codes
+        if scheme.symmetric:  # store as unsigned: shift by the grid's half range
+            codes = (codes.to(torch.int16) + 2 ** (scheme.bits - 1)).to(torch.uint8)
+        self.register_buffer("codes", pack_int4(codes) if scheme.bits == 4 else codes)
+        self.register_buffer("scales", q.scales.half())
+        zeros = q.zeros + (2 ** (scheme.bits - 1) if scheme.symmetric else 0)
+        self.register_buffer("zeros", zeros.half())
+        self.bias = linear.bias
+
+    def dequantized_weight(self) -> torch.Tensor:
+        codes = unpack_int4(self.codes) if self.scheme.bits == 4 else self.codes
+        return Quantized(codes, self.scales.float(), self.zeros.float(),
+                         self.scheme).dequantize()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
+
+    def nbytes(self) -> int:
+        extra = 0 if self.bias is None else self.bias.nbytes
+        return self.codes.nbytes + self.scales.nbytes + self.zeros.nbytes + extra
+
+
+def quantize_model(model: nn.Module, scheme: QuantScheme,
+                   skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
+    """Replace the model's ``nn.Linear`` layers by :class:`QuantLinear` (in place)."""
+    for name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, nn.Linear) and not any(s in full for s in skip):
+                setattr(parent, child_name, QuantLinear(child, scheme))
+    return model
+
+
+def model_nbytes(model: nn.Module) -> int:
+    """Bytes of all parameters and buffers, each tensor counted once (tied weights once)."""
+    tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+    rope = {model.rope.cos.data_ptr(), model.rope.sin.data_ptr()} if hasattr(model, "rope") \
+        else set()
+    return sum(t.nbytes for ptr, t in tensors.items() if ptr not in rope)
+
+
+def save_quantized(model: nn.Module, directory, scheme: QuantScheme,
+                   skip: tuple[str, ...] = ("lm_head",)) -> None:
+    """Write a quantized minillm model: config.json, model.safetensors, quantization.json."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, directory / "model.safetensors")
+    (directory / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+    (directory / "quantization.json").write_text(
+        json.dumps({"scheme": asdict(scheme), "skip": list(skip)}, indent=2))
+
+
+def load_quantized(directory) -> nn.Module:
+    """Rebuild a model written by :func:`save_quantized`, with its packed integer weights."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from ..config import ModelConfig
+    from ..model import Transformer
+
+    directory = Path(directory)
+    meta = json.loads((directory / "quantization.json").read_text())
+    config = ModelConfig.from_json(directory / "config.json")
+    model = quantize_model(Transformer(config), QuantScheme(**meta["scheme"]),
+                           tuple(meta["skip"]))
+    state = load_file(directory / "model.safetensors")
+    model.load_state_dict(state, strict=not config.tie_word_embeddings)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()

@@ -1,0 +1,64 @@
+"""QuantLinear: packed storage, equals the dequantized matmul, shrinks the model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import tiny_pair
+from minillm.generate import generate
+from minillm.quant.basic import QuantScheme, fake_quantize
+from minillm.quant.qlinear import QuantLinear, model_nbytes, quantize_model
+
+
+@pytest.mark.parametrize("scheme", [QuantScheme(4, False, 32), QuantScheme(4, True, None),
+                                    QuantScheme(8, True, None), QuantScheme(3, False, 64)],
+                         ids=str)
+def test_quant_linear_equals_matmul_with_the_dequantized_weight(scheme):
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 48, bias=True)
+    q = QuantLinear(linear, scheme)
+    x = torch.randn(5, 128)
+    torch.testing.assert_close(q(x), x @ q.dequantized_weight().T + linear.bias)
+    # the stored weight is the round-to-nearest one, up to fp16 rounding of the scales
+    torch.testing.assert_close(q.dequantized_weight(), fake_quantize(linear.weight.detach(),
+                                                                     scheme),
+                               atol=1e-4, rtol=1e-3)
+
+
+def test_int4_g128_takes_under_30_percent_of_fp16_bytes():
+    q = QuantLinear(nn.Linear(576, 1536, bias=False), QuantScheme(4, False, 128))
+    fp16_bytes = 576 * 1536 * 2
+    assert q.codes.dtype == torch.uint8 and q.codes.shape == (1536, 288)  # two codes a byte
+    assert q.nbytes() / fp16_bytes < 0.30
+
+
+def test_quantized_tiny_model_runs_and_is_smaller(tmp_path):
+    model, _ = tiny_pair(tmp_path)
+    before = model_nbytes(model)
+    quantized = quantize_model(copy.deepcopy(model), QuantScheme(8, True, None))
+    assert model_nbytes(quantized) < before
+    assert isinstance(quantized.layers[0].mlp.up_proj, QuantLinear)
+    assert isinstance(quantized.lm_head, nn.Linear)  # skipped by default
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # 8-bit per-channel: nearly the same logits
+        torch.testing.assert_close(quantized(ids), model(ids), atol=0.05, rtol=0.05)
+    assert len(generate(quantized, [1, 2, 3], 5)[0]) == 5
+
+
+@pytest.mark.smollm2
+def test_quantized_smollm2_save_load_generate_identical_tokens(smollm2, tokenizer, tmp_path):
+    from minillm.quant.qlinear import load_quantized, save_quantized
+
+    scheme = QuantScheme(bits=4, symmetric=False, group_size=128)
+    quantized = quantize_model(copy.deepcopy(smollm2), scheme)
+    assert model_nbytes(quantized) < 0.45 * model_nbytes(smollm2)  # fp32 embedding kept
+    prompt = tokenizer.chat_prompt("Name a colour.")
+    before = generate(quantized, prompt, 12)
+    save_quantized(quantized, tmp_path, scheme)
+    reloaded = load_quantized(tmp_path)
+    assert generate(reloaded, prompt, 12) == before
+    assert torch.equal(reloaded.layers[3].attn.q_proj.codes, quantized.layers[3].attn.q_proj.codes)

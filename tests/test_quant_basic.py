@@ -1,0 +1,83 @@
+"""Round-to-nearest quantization: error bounds, round trips, packing (property tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm.quant.basic import QuantScheme, fake_quantize, quantize
+from minillm.quant.packing import pack_int4, unpack_int4
+
+SCHEMES = [QuantScheme(bits, symmetric, group, per_tensor)
+           for bits in (3, 4, 8) for symmetric in (True, False)
+           for group, per_tensor in ((None, False), (32, False), (None, True))]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_rounding_error_is_at_most_half_a_step(scheme, seed):
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(seed)) * (seed + 1)
+    q = quantize(w, scheme)
+    error = (q.dequantize() - w).abs()
+    per_scale = w.numel() // q.scales.numel()  # weights sharing one scale (groups divide 64)
+    step = q.scales[..., None].expand(*q.scales.shape, per_scale).reshape(w.shape)
+    assert (error <= step / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=str)
+def test_codes_stay_on_the_grid(scheme):
+    q = quantize(torch.randn(8, 64, generator=torch.Generator().manual_seed(0)) * 5, scheme)
+    if scheme.symmetric:
+        limit = 2 ** (scheme.bits - 1) - 1
+        assert q.codes.min() >= -limit and q.codes.max() <= limit
+    else:
+        assert q.codes.min() >= 0 and q.codes.max() <= 2**scheme.bits - 1
+
+
+def test_values_on_the_grid_survive_exactly():
+    scheme = QuantScheme(bits=4, symmetric=False, group_size=32)
+    w = fake_quantize(torch.randn(4, 64, generator=torch.Generator().manual_seed(1)), scheme)
+    torch.testing.assert_close(fake_quantize(w, scheme), w, atol=1e-6, rtol=0)
+
+
+def test_more_bits_and_smaller_groups_mean_less_error():
+    w = torch.randn(32, 256, generator=torch.Generator().manual_seed(2))
+    def err(**kw):
+        return (fake_quantize(w, QuantScheme(**kw)) - w).pow(2).mean().item()
+    assert err(bits=8, group_size=None) < err(bits=4, group_size=None) < err(bits=3,
+                                                                               group_size=None)
+    assert err(bits=4, group_size=32) < err(bits=4, group_size=None) < err(bits=4,
+                                                                              per_tensor=True)
+
+
+def test_symmetric_keeps_zero_exact():
+    w = torch.randn(4, 32)
+    w[:, 5] = 0
+    assert (fake_quantize(w, QuantScheme(bits=4, symmetric=True, group_size=None))[:, 5]
+            == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pack_unpack_round_trip_is_exact(seed):
+    codes = torch.randint(0, 16, (7, 64), generator=torch.Generator().manual_seed(seed),
+                          dtype=torch.uint8)
+    packed = pack_int4(codes)
+    assert packed.shape == (7, 32) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_int4(packed), codes)
+
+
+def test_packing_rejects_bad_input():
+    with pytest.raises(ValueError, match="even"):
+        pack_int4(torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="between 0 and 15"):
+        pack_int4(torch.full((2,), 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="bits"):
+        QuantScheme(bits=1)
+
+
+def test_a_shorter_last_group_is_quantized_on_its_own():
+    w = torch.randn(3, 10, generator=torch.Generator().manual_seed(4))
+    q = quantize(w, QuantScheme(bits=4, group_size=4))
+    assert q.scales.shape == (3, 3)  # groups of 4, 4 and 2 columns
+    tail = quantize(w[:, 8:], QuantScheme(bits=4, group_size=None))
+    torch.testing.assert_close(q.dequantize()[:, 8:], tail.dequantize())
