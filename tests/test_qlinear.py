@@ -20,7 +20,7 @@ from minillm.quant.qlinear import QuantLinear, model_nbytes, quantize_model
 def test_quant_linear_equals_matmul_with_the_dequantized_weight(scheme):
     torch.manual_seed(0)
     linear = nn.Linear(128, 48, bias=True)
-    q = QuantLinear(linear, scheme)
+    q = QuantLinear.from_linear(linear, scheme)
     x = torch.randn(5, 128)
     torch.testing.assert_close(q(x), x @ q.dequantized_weight().T + linear.bias)
     # the stored weight is the round-to-nearest one, up to fp16 rounding of the scales
@@ -30,7 +30,7 @@ def test_quant_linear_equals_matmul_with_the_dequantized_weight(scheme):
 
 
 def test_int4_g128_takes_under_30_percent_of_fp16_bytes():
-    q = QuantLinear(nn.Linear(576, 1536, bias=False), QuantScheme(4, False, 128))
+    q = QuantLinear.from_linear(nn.Linear(576, 1536, bias=False), QuantScheme(4, False, 128))
     fp16_bytes = 576 * 1536 * 2
     assert q.codes.dtype == torch.uint8 and q.codes.shape == (1536, 288)  # two codes a byte
     assert q.nbytes() / fp16_bytes < 0.30

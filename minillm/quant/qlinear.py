@@ -3,8 +3,9 @@
 ``quantize_model(model, scheme)`` swaps every ``nn.Linear`` (except those named in
 ``skip``, by default the lm_head) for a :class:`QuantLinear` holding
 
-* ``codes``: the integer weights; 4-bit codes packed two per byte (``packing.py``),
-  other widths one per byte;
+* ``codes``: the integer weights; codes of 2 to 4 bits packed two per byte in 4-bit
+  nibbles (``packing.py``; a tighter 3-bit packing would save another quarter), wider
+  codes one per byte;
 * ``scales`` and ``zeros`` per group, in fp16 (they are counted in the model's size).
 
 The forward pass dequantizes the weight and runs an ordinary matmul: the simple CPU path.
@@ -22,22 +23,34 @@ from .packing import pack_int4, unpack_int4
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, scheme: QuantScheme):
+    """A linear layer that stores its weight as integer codes plus fp16 group scales/zeros.
+
+    Any quantizer that produces a :class:`~minillm.quant.basic.Quantized` weight (round to
+    nearest, GPTQ, AWQ) builds one: ``QuantLinear(quantized, bias)``.
+    """
+
+    def __init__(self, quantized: Quantized, bias: torch.Tensor | None = None):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        scheme = quantized.scheme
+        self.out_features, self.in_features = quantized.codes.shape
         self.scheme = scheme
-        q = quantize(linear.weight.detach(), scheme)
-        codes = q.codes
-        if scheme.symmetric:  # store as unsigned: shift by the grid's half range
-            codes = (codes.to(torch.int16) + 2 ** (scheme.bits - 1)).to(torch.uint8)
-        self.register_buffer("codes", pack_int4(codes) if scheme.bits == 4 else codes)
-        self.register_buffer("scales", q.scales.half())
-        zeros = q.zeros + (2 ** (scheme.bits - 1) if scheme.symmetric else 0)
+        codes, zeros = quantized.codes, quantized.zeros
+        if scheme.symmetric:  # store as unsigned: shift codes and zero by the half range
+            half = 2 ** (scheme.bits - 1)
+            codes, zeros = (codes.to(torch.int16) + half).to(torch.uint8), zeros + half
+        self.register_buffer("codes", pack_int4(codes) if scheme.bits <= 4 else codes)
+        self.register_buffer("scales", quantized.scales.half())
         self.register_buffer("zeros", zeros.half())
-        self.bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
+                                                           requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: QuantScheme) -> QuantLinear:
+        """Round-to-nearest quantization of ``linear``'s weight."""
+        return cls(quantize(linear.weight.detach(), scheme), linear.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
-        codes = unpack_int4(self.codes) if self.scheme.bits == 4 else self.codes
+        codes = unpack_int4(self.codes) if self.scheme.bits <= 4 else self.codes
         return Quantized(codes, self.scales.float(), self.zeros.float(),
                          self.scheme).dequantize()
 
@@ -56,7 +69,7 @@ def quantize_model(model: nn.Module, scheme: QuantScheme,
         for child_name, child in list(parent.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and not any(s in full for s in skip):
-                setattr(parent, child_name, QuantLinear(child, scheme))
+                setattr(parent, child_name, QuantLinear.from_linear(child, scheme))
     return model
 
 
