@@ -78,14 +78,14 @@ def perplexity(model, tokens, window: int = 512, stride: int | None = None,
     if not windows:
         raise ValueError(f"need at least 2 tokens to compute perplexity, got {len(tokens)}")
     total_nll, total_scored = 0.0, 0
-    device = next(model.parameters()).device
+    device = model.device
     groups = _same_shape_groups(windows, batch_size)
     for group in tqdm(groups, desc="perplexity", disable=not progress, unit="batch"):
         batch = torch.stack([tokens[w.begin:w.end] for w in group]).to(device)
         cache = None
         if attention_window is not None:
             cache = SlidingWindowKVCache(model.config, len(group), attention_window,
-                                         model.embed_tokens.weight.dtype, device)
+                                         model.dtype, device)
         logits = model(batch, cache)
         total_nll += window_nll(logits, batch, group[0].num_scored).item()
         total_scored += group[0].num_scored * len(group)

@@ -70,10 +70,9 @@ def _check_request(model: Transformer, prompts: list[list[int]], max_new_tokens:
 
 def make_cache(model: Transformer, batch_size: int, max_len: int, window: int | None = None):
     """The model's cache class for ``max_len`` steps, or a sliding-window one for ``window``."""
-    param = model.embed_tokens.weight
     if window is not None:
-        return SlidingWindowKVCache(model.config, batch_size, window, param.dtype, param.device)
-    return model.cache_class(model.config, batch_size, max_len, param.dtype, param.device)
+        return SlidingWindowKVCache(model.config, batch_size, window, model.dtype, model.device)
+    return model.cache_class(model.config, batch_size, max_len, model.dtype, model.device)
 
 
 @torch.inference_mode()
@@ -89,7 +88,7 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
     """
     token_lists = _as_token_lists(prompts)
     _check_request(model, token_lists, max_new_tokens, pad_id)
-    device = model.embed_tokens.weight.device
+    device = model.device
     ids, mask = (t.to(device) for t in pad_left(token_lists, pad_id))
     padded = bool((mask == 0).any())
     generator = sampling.make_generator(device)

@@ -130,6 +130,16 @@ class Transformer(nn.Module):
         self.attn_backend = attn_backend
         self.cache_class = KVCache  # what generate() decodes with (compile_decode changes it)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of activations and KV caches (the final norm's, as embeddings and linear
+        layers may be stored compactly by the quantization chapters)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def set_attention_backend(self, name: str) -> Transformer:
         """Switch every layer to another attention backend (weights are untouched)."""
         backend = get_backend(name)
