@@ -62,3 +62,10 @@ def test_quantized_smollm2_save_load_generate_identical_tokens(smollm2, tokenize
     reloaded = load_quantized(tmp_path)
     assert generate(reloaded, prompt, 12) == before
     assert torch.equal(reloaded.layers[3].attn.q_proj.codes, quantized.layers[3].attn.q_proj.codes)
+
+
+def test_three_bit_codes_take_three_eighths_of_a_byte():
+    q = QuantLinear.from_linear(nn.Linear(576, 64, bias=False), QuantScheme(3, False, 128))
+    assert q.codes.shape == (64, 576 * 3 // 8)
+    x = torch.randn(2, 576)
+    torch.testing.assert_close(q(x), x @ q.dequantized_weight().T)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minillm.quant.basic import QuantScheme, fake_quantize, quantize
-from minillm.quant.packing import pack_int4, unpack_int4
+from minillm.quant.packing import pack_bits, pack_int4, unpack_bits, unpack_int4
 
 SCHEMES = [QuantScheme(bits, symmetric, group, per_tensor)
            for bits in (3, 4, 8) for symmetric in (True, False)
@@ -81,3 +81,21 @@ def test_a_shorter_last_group_is_quantized_on_its_own():
     assert q.scales.shape == (3, 3)  # groups of 4, 4 and 2 columns
     tail = quantize(w[:, 8:], QuantScheme(bits=4, group_size=None))
     torch.testing.assert_close(q.dequantize()[:, 8:], tail.dequantize())
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+def test_bit_stream_packing_round_trips_and_is_dense(bits):
+    codes = torch.randint(0, 2**bits, (3, 64), generator=torch.Generator().manual_seed(bits),
+                          dtype=torch.uint8)
+    packed = pack_bits(codes, bits)
+    assert packed.shape == (3, 64 * bits // 8)
+    assert torch.equal(unpack_bits(packed, bits), codes)
+    if bits == 4:  # the same layout as the two-per-byte packing the kernels read
+        assert torch.equal(packed, pack_int4(codes))
+
+
+def test_bit_stream_packing_rejects_codes_that_do_not_fill_bytes():
+    with pytest.raises(ValueError, match="whole bytes"):
+        pack_bits(torch.zeros(2, 5, dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match="between 0 and 7"):
+        pack_bits(torch.full((8,), 8, dtype=torch.uint8), 3)

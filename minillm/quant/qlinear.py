@@ -3,9 +3,9 @@
 ``quantize_model(model, scheme)`` swaps every ``nn.Linear`` (except those named in
 ``skip``, by default the lm_head) for a :class:`QuantLinear` holding
 
-* ``codes``: the integer weights; codes of 2 to 4 bits packed two per byte in 4-bit
-  nibbles (``packing.py``; a tighter 3-bit packing would save another quarter), wider
-  codes one per byte;
+* ``codes``: the integer weights packed into a dense bit stream (``packing.py``): two
+  4-bit codes per byte (low nibble first), eight 3-bit codes per three bytes; 8-bit codes
+  (or rows whose bits do not fill whole bytes) one per byte;
 * ``scales`` and ``zeros`` per group, in fp16 (they are counted in the model's size).
 
 The forward pass dequantizes the weight and runs an ordinary matmul: the simple CPU path.
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .basic import Quantized, QuantScheme, quantize
-from .packing import pack_int4, unpack_int4
+from .packing import pack_bits, unpack_bits
 
 
 class QuantLinear(nn.Module):
@@ -38,7 +38,8 @@ class QuantLinear(nn.Module):
         if scheme.symmetric:  # store as unsigned: shift codes and zero by the half range
             half = 2 ** (scheme.bits - 1)
             codes, zeros = (codes.to(torch.int16) + half).to(torch.uint8), zeros + half
-        self.register_buffer("codes", pack_int4(codes) if scheme.bits <= 4 else codes)
+        self.packed = scheme.bits < 8 and (self.in_features * scheme.bits) % 8 == 0
+        self.register_buffer("codes", pack_bits(codes, scheme.bits) if self.packed else codes)
         self.register_buffer("scales", quantized.scales.half())
         self.register_buffer("zeros", zeros.half())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
@@ -50,11 +51,22 @@ class QuantLinear(nn.Module):
         return cls(quantize(linear.weight.detach(), scheme), linear.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
-        codes = unpack_int4(self.codes) if self.scheme.bits <= 4 else self.codes
+        codes = unpack_bits(self.codes, self.scheme.bits) if self.packed else self.codes
         return Quantized(codes, self.scales.float(), self.zeros.float(),
                          self.scheme).dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On a GPU, 4-bit nibble-packed codes with group or per-channel scales go
+        through the fused Triton kernel (``minillm.kernels.w4a16_matmul``), which never
+        writes the dequantized weight to memory; elsewhere: dequantize, then matmul."""
+        scheme = self.scheme
+        if x.is_cuda and scheme.bits == 4 and self.packed and not scheme.per_tensor \
+                and x.dtype in (torch.float16, torch.float32):
+            from ..kernels.w4a16_matmul import w4a16_matmul  # Triton: imported on GPU only
+
+            group = min(scheme.group_size or self.in_features, self.in_features)
+            y = w4a16_matmul(x, self.codes, self.scales, self.zeros, group)
+            return y if self.bias is None else y + self.bias.to(y.dtype)
         return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 
     def nbytes(self) -> int:
