@@ -123,9 +123,15 @@ def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.
     """Build a :class:`Transformer` from a checkpoint and load its weights.
 
     ``name_or_path``: a local HF checkpoint directory, a hub id, or ``"smollm2"`` (the
-    course model, prepared on first use as by ``minillm fetch``).
+    course model, prepared on first use as by ``minillm fetch``). A directory written by
+    ``minillm quantize`` (:mod:`minillm.quant.checkpoint`) loads with its packed integer
+    weights (its float tensors stay fp32; ``dtype`` does not apply).
     """
     directory = resolve_checkpoint(name_or_path)
+    from .quant.checkpoint import is_quantized_checkpoint, load_quantized
+
+    if is_quantized_checkpoint(directory):
+        return load_quantized(directory, attn_backend).to(device=device)
     config_file = directory / "config.json"
     if not config_file.exists():
         raise AssetError(f"{directory} has no config.json; it is not a Hugging Face checkpoint.")

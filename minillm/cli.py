@@ -4,6 +4,8 @@
     minillm generate "Once upon a time" --max-new-tokens 40
     minillm generate "What is a KV cache?" --chat --temperature 0.7 --top-p 0.9 --stream
     minillm perplexity --corpus wikipedia --window 512
+    minillm quantize out/smollm2-gptq4 --method gptq --bits 4 --group-size 128
+    minillm generate "Hello" --model out/smollm2-gptq4
     minillm bench                       # quick decode-speed table (benchmarks/decode.py has more)
     minillm grade 3                     # score your chapter-3 exercises
 """
@@ -75,6 +77,37 @@ def cmd_perplexity(args) -> None:
           f"({result.num_tokens} tokens scored in {result.num_windows} windows of {args.window})")
 
 
+def cmd_quantize(args) -> None:
+    from .checkpoint import load_model, resolve_checkpoint
+    from .quant.basic import QuantScheme
+    from .quant.checkpoint import save_quantized
+
+    scheme = QuantScheme(bits=args.bits, symmetric=args.symmetric,
+                         group_size=args.group_size or None)
+    model = load_model(args.model)
+    if args.method == "rtn":
+        from .quant.qlinear import quantize_model
+
+        quantize_model(model, scheme)
+    else:
+        from .quant.calibration import calibration_windows
+        from .tokenizer import Tokenizer
+
+        windows = calibration_windows(Tokenizer(args.model), args.calib_windows, args.calib_len,
+                                      corpus=args.calib_corpus)
+        if args.method == "gptq":
+            from .quant.gptq import quantize_model_gptq
+
+            quantize_model_gptq(model, windows, scheme)
+        else:
+            from .quant.awq import quantize_model_awq
+
+            quantize_model_awq(model, windows, scheme)
+    out = save_quantized(model, args.out, scheme, tokenizer_from=resolve_checkpoint(args.model))
+    print(f"{args.method} {args.bits}-bit, group {args.group_size}: wrote {out} "
+          f"(try: minillm generate --model {out} \"Hello\")")
+
+
 def cmd_bench(args) -> None:
     from .bench import run_decode_benchmark
 
@@ -137,6 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--check-honesty", action="store_true",
                        help="CI: every test fails on the stubs and passes on the solutions")
     grade.set_defaults(func=cmd_grade)
+
+    quant = sub.add_parser("quantize", help="quantize a model's linear layers and save it")
+    quant.add_argument("out", help="directory to write (loads with --model OUT)")
+    quant.add_argument("--model", default="smollm2", help="checkpoint dir, hub id or smollm2")
+    quant.add_argument("--method", default="rtn", choices=("rtn", "gptq", "awq"))
+    quant.add_argument("--bits", type=int, default=4)
+    quant.add_argument("--group-size", type=int, default=128,
+                       help="inputs sharing one scale (0: one scale per output channel)")
+    quant.add_argument("--symmetric", action="store_true", help="absmax instead of zero-point")
+    quant.add_argument("--calib-windows", type=int, default=128, help="GPTQ/AWQ calibration")
+    quant.add_argument("--calib-len", type=int, default=512, help="tokens per window")
+    quant.add_argument("--calib-corpus", default="sotu")
+    quant.set_defaults(func=cmd_quantize)
 
     bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")
     bench.add_argument("--threads", type=int, default=2)

@@ -51,7 +51,7 @@ def test_quantized_tiny_model_runs_and_is_smaller(tmp_path):
 
 @pytest.mark.smollm2
 def test_quantized_smollm2_save_load_generate_identical_tokens(smollm2, tokenizer, tmp_path):
-    from minillm.quant.qlinear import load_quantized, save_quantized
+    from minillm.quant.checkpoint import load_quantized, save_quantized
 
     scheme = QuantScheme(bits=4, symmetric=False, group_size=128)
     quantized = quantize_model(copy.deepcopy(smollm2), scheme)
@@ -69,3 +69,27 @@ def test_three_bit_codes_take_three_eighths_of_a_byte():
     assert q.codes.shape == (64, 576 * 3 // 8)
     x = torch.randn(2, 576)
     torch.testing.assert_close(q(x), x @ q.dequantized_weight().T)
+
+
+def test_cli_quantize_writes_a_checkpoint_that_load_model_reads(tmp_path):
+    from minillm.checkpoint import load_model
+    from minillm.cli import main
+
+    model, _ = tiny_pair(tmp_path / "float")
+    out = tmp_path / "int4"
+    assert main(["quantize", str(out), "--model", str(tmp_path / "float"), "--bits", "4",
+                 "--group-size", "32"]) == 0
+    reloaded = load_model(out)
+    assert isinstance(reloaded.layers[1].attn.o_proj, QuantLinear)
+    expected = quantize_model(copy.deepcopy(model), QuantScheme(4, False, 32))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids), expected(ids))
+
+
+def test_loading_a_plain_directory_as_quantized_is_a_clear_error(tmp_path):
+    from minillm.assets import AssetError
+    from minillm.quant.checkpoint import load_quantized
+
+    with pytest.raises(AssetError, match="not a quantized checkpoint"):
+        load_quantized(tmp_path)
