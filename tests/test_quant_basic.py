@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm.quant.basic import QuantScheme, fake_quantize, quantize
+from minillm.quant.basic import QuantScheme, clipping_mse, fake_quantize, half_rounded_up, quantize
 from minillm.quant.packing import pack_bits, pack_int4, unpack_bits, unpack_int4
 
 SCHEMES = [QuantScheme(bits, symmetric, group, per_tensor)
@@ -99,3 +99,39 @@ def test_bit_stream_packing_rejects_codes_that_do_not_fill_bytes():
         pack_bits(torch.zeros(2, 5, dtype=torch.uint8), 3)
     with pytest.raises(ValueError, match="between 0 and 7"):
         pack_bits(torch.full((8,), 8, dtype=torch.uint8), 3)
+
+
+def test_float_zero_reproduces_a_q4_1_grid_and_the_integer_zero_does_not():
+    # llama.cpp Q4_1: every group of 32 is Δ q + min, its codes spanning 0..15
+    g = torch.Generator().manual_seed(11)
+    q = torch.randint(0, 16, (8, 2, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    step = torch.rand(8, 2, 1, generator=g) * 0.01 + 0.001
+    low = -torch.rand(8, 2, 1, generator=g) * 0.1
+    w = (q * step + low).reshape(8, 64)
+    exact = fake_quantize(w, QuantScheme(4, False, 32, float_zero=True))
+    assert (exact - w).abs().max() < 1e-6
+    shifted = fake_quantize(w, QuantScheme(4, False, 32))  # z rounded: grid moves up to Δ/2
+    assert (shifted - w).abs().max() > 1e-4
+
+
+def test_clipping_the_range_lowers_the_error_when_a_few_weights_are_large():
+    w = torch.randn(32, 256, generator=torch.Generator().manual_seed(12))
+    w[:, 0] *= 6  # one large weight per row stretches the grid
+    scheme = QuantScheme(bits=3, symmetric=True, group_size=None)
+    ratios = torch.linspace(0.3, 1.0, 15)
+    errors = clipping_mse(w, scheme, ratios)
+    assert errors[-1] == pytest.approx((fake_quantize(w, scheme) - w).pow(2).mean().item())
+    assert ratios[errors.argmin()] < 1 and errors.min() < 0.8 * errors[-1]
+    clipped = quantize(w, QuantScheme(3, True, None, clip_ratio=0.5))
+    assert clipped.codes.abs().max() <= 3  # clipped weights stay on the grid
+    with pytest.raises(ValueError, match="clip_ratio"):
+        QuantScheme(clip_ratio=0)
+
+
+def test_half_rounded_up_never_shrinks_a_scale():
+    x = torch.rand(1000, generator=torch.Generator().manual_seed(13)) * 1e-2 + 1e-4
+    half = half_rounded_up(x)
+    assert half.dtype == torch.float16 and (half.float() >= x).all()
+    below = torch.nextafter(half, torch.zeros_like(half)).float()
+    assert (below < x).all()  # the smallest fp16 value that is >= x

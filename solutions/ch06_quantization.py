@@ -1,0 +1,142 @@
+"""Chapter 06: quantization basics — absmax, zero-point, groups, int4 packing, NF4."""
+
+from __future__ import annotations
+
+import torch
+
+
+def absmax_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 06.1: Absmax (symmetric) quantization of a whole tensor to b-bit integers.
+
+    Δ = max|x| / (2^(b-1) - 1) and q = round(x / Δ), clamped to [-(2^(b-1) - 1), 2^(b-1) - 1].
+    Returns (codes as int8, shaped like x; Δ as a 0-d float32 tensor).
+    An all-zero x must not divide by zero: use max(max|x|, 1e-12) in Δ (codes are then 0).
+    Hint: torch.round rounds halves to even, as the library does.
+    """
+    ### BEGIN SOLUTION
+    q_max = 2 ** (bits - 1) - 1
+    scale = x.abs().max().float().clamp(min=1e-12) / q_max
+    codes = torch.clamp(torch.round(x.float() / scale), -q_max, q_max)
+    return codes.to(torch.int8), scale
+    ### END SOLUTION
+
+
+def absmax_dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Exercise 06.1: Map absmax codes back to real numbers.
+
+    Returns Δ q as float32, shaped like the codes.
+    """
+    ### BEGIN SOLUTION
+    return codes.float() * scale
+    ### END SOLUTION
+
+
+def zeropoint_quantize(x: torch.Tensor, bits: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exercise 06.2: Zero-point (asymmetric) quantization of a whole tensor to b bits.
+
+    Δ = max(max x - min x, 1e-12 × (2^b - 1)) / (2^b - 1) (so a constant tensor does not
+    divide by zero), z = round(-min x / Δ), q = round(x / Δ) + z clamped to [0, 2^b - 1].
+    Returns (codes as uint8, shaped like x; Δ; z), Δ and z as 0-d float32 tensors.
+    The zero point is not clamped: an all-negative tensor gets z > 2^b - 1, and its grid
+    still covers [min x, max x].
+    """
+    ### BEGIN SOLUTION
+    q_max = 2**bits - 1
+    x = x.float()
+    low, high = x.min(), x.max()
+    scale = ((high - low) / q_max).clamp(min=1e-12)
+    zero = torch.round(-low / scale)
+    codes = torch.clamp(torch.round(x / scale) + zero, 0, q_max)
+    return codes.to(torch.uint8), scale, zero
+    ### END SOLUTION
+
+
+def zeropoint_dequantize(codes: torch.Tensor, scale: torch.Tensor,
+                         zero: torch.Tensor) -> torch.Tensor:
+    """Exercise 06.2: Map zero-point codes back to real numbers.
+
+    Returns Δ (q - z) as float32, shaped like the codes.
+    """
+    ### BEGIN SOLUTION
+    return (codes.float() - zero) * scale
+    ### END SOLUTION
+
+
+def groupwise_fake_quantize(weight: torch.Tensor, bits: int, group_size: int,
+                            symmetric: bool = False) -> torch.Tensor:
+    """Exercise 06.3: Quantize then dequantize a weight [out, in] with one scale per group.
+
+    Each row is cut into in / group_size groups of consecutive columns (in is a multiple of
+    group_size); every group gets its own Δ (and z), with the formulas of 06.1
+    (symmetric=True) or 06.2 (symmetric=False). Returns the dequantized float32 weight,
+    shaped like ``weight``: what a model with this quantized weight computes with.
+    Hint: view the weight as [out, in // group_size, group_size] and reduce over the last
+    dimension with keepdim=True; divide by Δ (as the library does) rather than multiply by 1/Δ.
+    """
+    ### BEGIN SOLUTION
+    out, inp = weight.shape
+    groups = weight.float().reshape(out, inp // group_size, group_size)
+    if symmetric:
+        q_max = 2 ** (bits - 1) - 1
+        scales = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / q_max
+        codes = torch.clamp(torch.round(groups / scales), -q_max, q_max)
+        return (codes * scales).reshape(out, inp)
+    q_max = 2**bits - 1
+    low = groups.amin(dim=-1, keepdim=True)
+    high = groups.amax(dim=-1, keepdim=True)
+    scales = ((high - low) / q_max).clamp(min=1e-12)
+    zeros = torch.round(-low / scales)
+    codes = torch.clamp(torch.round(groups / scales) + zeros, 0, q_max)
+    return ((codes - zeros) * scales).reshape(out, inp)
+    ### END SOLUTION
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Exercise 06.4: Pack uint8 codes in [0, 15] two to a byte, the first in the low nibble.
+
+    codes [..., n] with n even -> uint8 [..., n // 2] where byte j = codes[2j] | codes[2j+1] << 4.
+    """
+    ### BEGIN SOLUTION
+    low, high = codes[..., 0::2], codes[..., 1::2]
+    return (low | (high << 4)).to(torch.uint8)
+    ### END SOLUTION
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Exercise 06.4: Unpack bytes into two 4-bit codes each, low nibble first.
+
+    packed uint8 [..., n] -> codes uint8 [..., 2n], the inverse of pack_int4.
+    """
+    ### BEGIN SOLUTION
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).flatten(-2)
+    ### END SOLUTION
+
+
+def nf4_quantize(blocks: torch.Tensor, levels: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 06.5: Quantize each row of blocks [n, block_size] to the nearest of 16 levels.
+
+    levels: the 16 sorted NF4 levels in [-1, 1]. Each row is divided by its absmax c
+    (use max(c, 1e-12) so an all-zero row stays 0), then every value becomes the index of
+    the nearest level. Returns (codes uint8 [n, block_size], absmax float32 [n]).
+    Hint: |x[..., None] - levels| has a level axis to take the argmin over.
+    """
+    ### BEGIN SOLUTION
+    absmax = blocks.abs().amax(dim=1).float()
+    normalised = blocks.float() / absmax.clamp(min=1e-12)[:, None]
+    codes = (normalised[..., None] - levels).abs().argmin(dim=-1)
+    return codes.to(torch.uint8), absmax
+    ### END SOLUTION
+
+
+def nf4_dequantize(codes: torch.Tensor, absmax: torch.Tensor,
+                   levels: torch.Tensor) -> torch.Tensor:
+    """Exercise 06.5: Map NF4 codes back to real numbers.
+
+    codes uint8 [n, block_size], absmax [n] -> float32 levels[code] × the row's absmax.
+    """
+    ### BEGIN SOLUTION
+    return levels[codes.long()] * absmax[:, None]
+    ### END SOLUTION
