@@ -70,14 +70,11 @@ def _fp8(model, windows):
     return quantize_model_fp8(model)
 
 
-def _sparse24(quantized: bool):
+def _sparse24(method: str, scheme: QuantScheme | None = None):
     def run(model, windows):
         from minillm.quant.sparsity import sparsify_model
-        model = sparsify_model(model, pattern="2:4")
-        if quantized:
-            from minillm.quant.sparsity import quantize_sparse_model
-            model = quantize_sparse_model(model, G128_4BIT)
-        return model
+        return sparsify_model(model, pattern="2:4", method=method, windows=windows,
+                              compress=True, scheme=scheme)
     return run
 
 
@@ -95,8 +92,11 @@ ROWS: dict[str, tuple[str, Callable | None]] = {
     "nf4": ("NF4, blocks of 64, double quantization", _nf4),
     "llm_int8": ("LLM.int8 (W8A8, outliers >= 6 in fp)", _llm_int8),
     "fp8": ("FP8 E4M3 weights, per-channel scale", _fp8),
-    "sparse24": ("2:4 sparsity (magnitude), fp16 values + metadata", _sparse24(False)),
-    "sparse24_int4": ("2:4 sparsity + 4-bit g128 RTN", _sparse24(True)),
+    "sparse24_magnitude": ("2:4 sparsity, magnitude (fp16 values + 2-bit positions)",
+                           _sparse24("magnitude")),
+    "sparse24_wanda": ("2:4 sparsity, Wanda (fp16 values + 2-bit positions)", _sparse24("wanda")),
+    "sparse24_wanda_int4": ("2:4 sparsity, Wanda, + 4-bit g128 RTN of the kept values",
+                            _sparse24("wanda", G128_4BIT)),
 }
 GAP_PAIRS = {"gptq4": "rtn4", "awq4": "rtn4", "gptq3": "rtn3", "awq3": "rtn3"}
 

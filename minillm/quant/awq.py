@@ -251,7 +251,7 @@ def fold_into_values(attn: Attention, scales: torch.Tensor) -> None:
     attn.o_proj.weight.mul_(scales)
 
 
-def fold_scales(block: Block, previous: str, names: Sequence[str], scales: torch.Tensor) -> None:
+def _fold_group(block: Block, previous: str, names: Sequence[str], scales: torch.Tensor) -> None:
     """Fold ``scales`` between ``block.<previous>`` and the linears ``names`` reading it."""
     linears = [block.get_submodule(name) for name in names]
     source = block.get_submodule(previous)
@@ -353,7 +353,7 @@ def quantize_block_awq(block: Block, stats: dict[str, InputStats], scheme: Quant
                                            mean_abs)
     for previous, names in SCALE_GROUPS:  # fold only now: every search saw the float block
         scales = searches[names[0]].scales
-        fold_scales(block, previous, names, scales)
+        _fold_group(block, previous, names, scales)
         samples.update(dict.fromkeys(names, stats[names[0]].sample / scales))
     for name, linear in linear_layers(block).items():
         weight = linear.weight.detach()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .basic import Quantized, QuantScheme, quantize
-from .packing import pack_bits, unpack_bits
+from .packing import pack_bits, unpack_bits, unpack_int4
 
 
 class QuantLinear(nn.Module):
@@ -51,7 +51,12 @@ class QuantLinear(nn.Module):
         return cls(quantize(linear.weight.detach(), scheme), linear.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
-        codes = unpack_bits(self.codes, self.scheme.bits) if self.packed else self.codes
+        if not self.packed:
+            codes = self.codes
+        elif self.scheme.bits == 4:  # the same layout; splitting nibbles is the fast path
+            codes = unpack_int4(self.codes)
+        else:
+            codes = unpack_bits(self.codes, self.scheme.bits)
         return Quantized(codes, self.scales.float(), self.zeros.float(),
                          self.scheme).dequantize()
 
