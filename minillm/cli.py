@@ -98,7 +98,8 @@ def cmd_quantize(args) -> None:
         if args.method == "gptq":
             from .quant.gptq import quantize_model_gptq
 
-            quantize_model_gptq(model, windows, scheme)
+            quantize_model_gptq(model, windows, scheme, damp=args.damp,
+                                act_order=args.act_order)
         else:
             from .quant.awq import quantize_model_awq
 
@@ -182,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--calib-windows", type=int, default=128, help="GPTQ/AWQ calibration")
     quant.add_argument("--calib-len", type=int, default=512, help="tokens per window")
     quant.add_argument("--calib-corpus", default="sotu")
+    quant.add_argument("--damp", type=float, default=0.1,
+                       help="GPTQ: Hessian dampening, a fraction of its mean diagonal")
+    quant.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=True,
+                       help="GPTQ: quantize columns by decreasing Hessian diagonal")
     quant.set_defaults(func=cmd_quantize)
 
     bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")
