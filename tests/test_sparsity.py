@@ -18,9 +18,7 @@ from minillm.quant.sparsity import (
     decompress_24,
     magnitude_mask,
     nm_mask,
-    pack_2bit,
     sparsify_model,
-    unpack_2bit,
     unstructured_mask,
     wanda_scores,
     weight_sparsity,
@@ -81,11 +79,14 @@ def test_compress_24_rejects_a_dense_matrix():
         compress_24(randn(4, 6))
 
 
-def test_pack_2bit_round_trip():
-    indices = torch.randint(0, 4, (5, 16), generator=torch.Generator().manual_seed(0))
-    packed = pack_2bit(indices)
-    assert packed.shape == (5, 4) and packed.dtype == torch.uint8
-    assert torch.equal(unpack_2bit(packed), indices.to(torch.uint8))
+def test_metadata_packs_four_positions_a_byte_first_in_the_lowest_bits():
+    linear = nn.Linear(16, 5, bias=False).requires_grad_(False)
+    linear.weight.copy_(randn(5, 16))
+    layer = Sparse24Linear.from_linear(linear)
+    _, indices = compress_24(layer.dense_weight())  # [5, 8]: the kept positions
+    assert layer.metadata.shape == (5, 2) and layer.metadata.dtype == torch.uint8
+    for slot in range(4):
+        assert torch.equal((layer.metadata >> 2 * slot) & 3, indices[:, slot::4])
 
 
 def test_sparse24_linear_equals_dense_matmul_with_the_masked_weight():

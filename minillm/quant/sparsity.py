@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from .basic import QuantScheme, quantize
 from .calibration import blocks_with_inputs, linear_layers
+from .packing import pack_bits, unpack_bits
 from .qlinear import QuantLinear
 
 METHODS = ("magnitude", "wanda")
@@ -153,20 +154,6 @@ def decompress_24(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return dense.reshape(out, 2 * half)
 
 
-def pack_2bit(indices: torch.Tensor) -> torch.Tensor:
-    """Positions 0..3, [..., n] with n a multiple of 4 -> uint8 [..., n/4], four a byte
-    (first position in the lowest two bits)."""
-    if indices.shape[-1] % 4:
-        raise ValueError(f"the last dimension must be a multiple of 4, got {indices.shape[-1]}")
-    q = indices.to(torch.uint8).reshape(*indices.shape[:-1], -1, 4)
-    return q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)
-
-
-def unpack_2bit(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_2bit`."""
-    return torch.stack([(packed >> shift) & 3 for shift in (0, 2, 4, 6)], dim=-1).flatten(-2)
-
-
 class Sparse24Linear(nn.Module):
     """A linear layer stored in the compressed 2:4 form of NVIDIA's sparse tensor cores.
 
@@ -190,7 +177,7 @@ class Sparse24Linear(nn.Module):
                              f"metadata bytes), got {self.in_features}")
         values, indices = compress_24(weight.detach())
         self.scheme = scheme
-        self.register_buffer("metadata", pack_2bit(indices))
+        self.register_buffer("metadata", pack_bits(indices.to(torch.uint8), 2))
         if scheme is None:
             self.register_buffer("values", values.half())
             self.quantized_values = None
@@ -214,7 +201,7 @@ class Sparse24Linear(nn.Module):
         return self.values.float()
 
     def dense_weight(self) -> torch.Tensor:
-        return decompress_24(self.kept_values(), unpack_2bit(self.metadata))
+        return decompress_24(self.kept_values(), unpack_bits(self.metadata, 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.dense_weight().to(x.dtype), self.bias)
