@@ -118,6 +118,23 @@ def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def load_weights(model: Transformer, state: dict[str, torch.Tensor], source: str,
+                 assign: bool = False) -> None:
+    """Load ``state`` into ``model``, pointing a tied lm_head at the embedding, and raise an
+    :class:`AssetError` naming ``source`` if a tensor is missing or unexpected.
+    ``assign=True`` adopts the tensors as they are (for a model built on the meta device)."""
+    tied = model.config.tie_word_embeddings
+    if tied:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
+    if tied:
+        model.lm_head.weight = model.embed_tokens.weight
+        missing = [m for m in missing if m != "lm_head.weight"]
+    if missing or unexpected:
+        raise AssetError(f"{source} does not match its config: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}.")
+
+
 def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.float32,
                attn_backend: str = "sdpa", device: str | torch.device = "cpu") -> Transformer:
     """Build a :class:`Transformer` from a checkpoint and load its weights.
@@ -138,15 +155,6 @@ def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.
     config = ModelConfig.from_json(config_file)
     with torch.device("meta"):
         model = Transformer(config, attn_backend=attn_backend)
-    state = load_state_dict(directory)
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-        missing = [m for m in missing if m != "lm_head.weight"]
-    if missing or unexpected:
-        raise AssetError(f"checkpoint {directory} does not match the config: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}.")
+    load_weights(model, load_state_dict(directory), f"checkpoint {directory}", assign=True)
     model.rope = type(model.rope)(config)  # buffers were on the meta device; build them for real
     return model.to(device=device, dtype=dtype).eval()

@@ -93,3 +93,19 @@ def test_loading_a_plain_directory_as_quantized_is_a_clear_error(tmp_path):
 
     with pytest.raises(AssetError, match="not a quantized checkpoint"):
         load_quantized(tmp_path)
+
+
+def test_a_quantized_checkpoint_missing_a_tensor_is_a_clear_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from minillm.assets import AssetError
+    from minillm.quant.checkpoint import load_quantized, save_quantized
+
+    model, _ = tiny_pair(tmp_path / "float")
+    save_quantized(quantize_model(model, QuantScheme(4, False, 32)), tmp_path / "q",
+                   QuantScheme(4, False, 32))
+    state = load_file(tmp_path / "q" / "model.safetensors")
+    del state["layers.0.mlp.down_proj.scales"]
+    save_file(state, tmp_path / "q" / "model.safetensors")
+    with pytest.raises(AssetError, match="missing .*down_proj.scales"):
+        load_quantized(tmp_path / "q")

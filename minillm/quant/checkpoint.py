@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..assets import AssetError
+from ..checkpoint import load_weights
 from ..config import ModelConfig
 from ..model import Transformer
 from .basic import QuantScheme
@@ -69,12 +70,6 @@ def load_quantized(directory: str | Path, attn_backend: str = "sdpa") -> nn.Modu
     config = ModelConfig.from_json(directory / "config.json")
     model = quantize_model(Transformer(config, attn_backend), QuantScheme(**meta["scheme"]),
                            tuple(meta["skip"]))
-    missing, unexpected = model.load_state_dict(load_file(directory / "model.safetensors"),
-                                                strict=False)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-        missing = [name for name in missing if name != "lm_head.weight"]
-    if missing or unexpected:
-        raise AssetError(f"quantized checkpoint {directory} does not match its config and "
-                         f"scheme: missing {missing[:5]}, unexpected {unexpected[:5]}.")
+    load_weights(model, load_file(directory / "model.safetensors"),
+                 f"quantized checkpoint {directory} (with its scheme)")
     return model.eval()
