@@ -124,12 +124,13 @@ def load_weights(model: Transformer, state: dict[str, torch.Tensor], source: str
     :class:`AssetError` naming ``source`` if a tensor is missing or unexpected.
     ``assign=True`` adopts the tensors as they are (for a model built on the meta device)."""
     tied = model.config.tie_word_embeddings
-    if tied:
-        state.pop("lm_head.weight", None)
+    if tied:  # the lm_head's tensors are the embedding's (a compact one shares its module)
+        state = {name: t for name, t in state.items() if not name.startswith("lm_head.")}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
     if tied:
-        model.lm_head.weight = model.embed_tokens.weight
-        missing = [m for m in missing if m != "lm_head.weight"]
+        if isinstance(model.lm_head, torch.nn.Linear):
+            model.lm_head.weight = model.embed_tokens.weight
+        missing = [m for m in missing if not m.startswith("lm_head.")]
     if missing or unexpected:
         raise AssetError(f"{source} does not match its config: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}.")

@@ -104,6 +104,10 @@ def cmd_quantize(args) -> None:
             from .quant.awq import quantize_model_awq
 
             quantize_model_awq(model, windows, scheme)
+    if args.embedding != "fp32":
+        from .quant.embedding import compact_embedding
+
+        compact_embedding(model, args.embedding)
     out = save_quantized(model, args.out, scheme, tokenizer_from=resolve_checkpoint(args.model))
     print(f"{args.method} {args.bits}-bit, group {args.group_size}: wrote {out} "
           f"(try: minillm generate --model {out} \"Hello\")")
@@ -180,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--group-size", type=int, default=128,
                        help="inputs sharing one scale (0: one scale per output channel)")
     quant.add_argument("--symmetric", action="store_true", help="absmax instead of zero-point")
+    quant.add_argument("--embedding", default="fp16", choices=("fp32", "fp16", "int8"),
+                       help="storage of the token embedding (tied: also the lm_head)")
     quant.add_argument("--calib-windows", type=int, default=128, help="GPTQ/AWQ calibration")
     quant.add_argument("--calib-len", type=int, default=512, help="tokens per window")
     quant.add_argument("--calib-corpus", default="sotu")

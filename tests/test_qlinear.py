@@ -11,6 +11,7 @@ from torch import nn
 from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.basic import QuantScheme, fake_quantize
+from minillm.quant.embedding import CompactEmbedding, compact_embedding
 from minillm.quant.qlinear import QuantLinear, model_nbytes, quantize_model
 
 
@@ -78,10 +79,12 @@ def test_cli_quantize_writes_a_checkpoint_that_load_model_reads(tmp_path):
     model, _ = tiny_pair(tmp_path / "float")
     out = tmp_path / "int4"
     assert main(["quantize", str(out), "--model", str(tmp_path / "float"), "--bits", "4",
-                 "--group-size", "32"]) == 0
+                 "--group-size", "32", "--embedding", "int8"]) == 0
     reloaded = load_model(out)
     assert isinstance(reloaded.layers[1].attn.o_proj, QuantLinear)
-    expected = quantize_model(copy.deepcopy(model), QuantScheme(4, False, 32))
+    assert isinstance(reloaded.embed_tokens, CompactEmbedding)
+    expected = compact_embedding(quantize_model(copy.deepcopy(model), QuantScheme(4, False, 32)),
+                                 "int8")
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids), expected(ids))
@@ -109,3 +112,20 @@ def test_a_quantized_checkpoint_missing_a_tensor_is_a_clear_error(tmp_path):
     save_file(state, tmp_path / "q" / "model.safetensors")
     with pytest.raises(AssetError, match="missing .*down_proj.scales"):
         load_quantized(tmp_path / "q")
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "int8"])
+def test_quantized_checkpoint_keeps_a_compact_tied_embedding(tmp_path, fmt):
+    from minillm.quant.checkpoint import load_quantized, save_quantized
+
+    model, _ = tiny_pair(tmp_path / "float", tie_word_embeddings=True)
+    scheme = QuantScheme(4, False, 32)
+    quantized = compact_embedding(quantize_model(model, scheme), fmt)
+    save_quantized(quantized, tmp_path / fmt, scheme)
+    reloaded = load_quantized(tmp_path / fmt)
+    assert isinstance(reloaded.embed_tokens, CompactEmbedding) and reloaded.embed_tokens.fmt == fmt
+    assert reloaded.lm_head.embedding is reloaded.embed_tokens  # still one shared table
+    assert model_nbytes(reloaded) == model_nbytes(quantized)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids), quantized(ids), rtol=0, atol=0)
