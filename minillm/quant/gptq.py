@@ -344,10 +344,11 @@ def _split_rows(quantized: Quantized, sizes: list[int]) -> list[Quantized]:
 
 def _objectives(prefix: str, module: nn.Module, names: list[str], quantized: Quantized,
                 hessian: torch.Tensor) -> dict[str, LayerObjective]:
-    """Each layer's objective with its GPTQ rows and with round to nearest."""
+    """Each layer's objective with its rows of the stacked GPTQ result and with round to
+    nearest (call before :func:`install_quantized` replaces the float layers)."""
     weights = [module.get_submodule(name).weight.detach() for name in names]
-    parts = _split_rows(quantized, [len(w) for w in weights])
+    gptq_rows = quantized.dequantize().split([len(w) for w in weights])
     return {f"{prefix}.{name}": LayerObjective(
-                gptq=layer_objective(w, part.dequantize(), hessian),
+                gptq=layer_objective(w, rows, hessian),
                 rtn=layer_objective(w, quantize(w, quantized.scheme).dequantize(), hessian))
-            for name, w, part in zip(names, weights, parts, strict=True)}
+            for name, w, rows in zip(names, weights, gptq_rows, strict=True)}

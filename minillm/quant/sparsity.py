@@ -177,7 +177,7 @@ class Sparse24Linear(nn.Module):
                              f"metadata bytes), got {self.in_features}")
         values, indices = compress_24(weight.detach())
         self.scheme = scheme
-        self.register_buffer("metadata", pack_bits(indices.to(torch.uint8), 2))
+        self.register_buffer("metadata", pack_bits(indices, 2))
         if scheme is None:
             self.register_buffer("values", values.half())
             self.quantized_values = None
