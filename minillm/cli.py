@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from .assets import AssetError
+from .grading import check_impl
 from .grading.grade import GradingError
 
 
@@ -121,11 +122,13 @@ def cmd_bench(args) -> None:
 
 
 def cmd_grade(args) -> None:
-    from .grading.grade import check_honesty, run_graded_tests, score_table
+    from .grading.grade import check_honesty, check_mutants, run_graded_tests, score_table
 
     if args.check_honesty:
         sys.exit(check_honesty(workers=args.workers))
-    results = run_graded_tests(args.chapter, args.impl, args.timeout, args.workers)
+    if args.check_mutants:
+        sys.exit(check_mutants(args.chapter, args.workers, args.timeout or 20))
+    results = run_graded_tests(args.chapter, args.impl, args.timeout or 60, args.workers)
     print(f"graded: {args.impl}" + (f", chapter {args.chapter}" if args.chapter else ""))
     print(score_table(results))
 
@@ -169,11 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     grade = sub.add_parser("grade", help="run the graded tests and print your score")
     grade.add_argument("chapter", nargs="?", default=None, help="e.g. 3 (default: all)")
-    grade.add_argument("--impl", default="exercises", choices=("exercises", "solutions"))
-    grade.add_argument("--timeout", type=float, default=60, help="seconds per test")
+    grade.add_argument("--impl", default="exercises", type=check_impl,
+                       help="exercises (default), solutions, or mutant:chNN_topic:name")
+    grade.add_argument("--timeout", type=float, default=None,
+                       help="seconds per test (default 60; 20 with --check-mutants)")
     grade.add_argument("--workers", type=int, default=None, help="parallel pytest workers")
     grade.add_argument("--check-honesty", action="store_true",
                        help="CI: every test fails on the stubs and passes on the solutions")
+    grade.add_argument("--check-mutants", action="store_true",
+                       help="CI: every wrong answer in tests/grading/mutants loses points")
     grade.set_defaults(func=cmd_grade)
 
     quant = sub.add_parser("quantize", help="quantize a model's linear layers and save it")

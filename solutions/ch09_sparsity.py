@@ -11,14 +11,17 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     weight: [out, in]; sparsity: the fraction to prune, in [0, 1). Returns a bool tensor
     shaped like weight, True where the weight is kept, with exactly
     round(sparsity * weight.numel()) False entries: those of the smallest |w| in the
-    whole matrix (one threshold per layer, as in Han et al. 2015).
-    Hint: torch.topk(..., largest=False) on the flattened |w| gives the positions to prune.
+    whole matrix (one threshold per layer, as in Han et al. 2015). Weights often tie
+    (SmolLM2's take 16 values per group of 32): among equal |w| at the threshold, the
+    earlier ones in row-major order go first, as in the library, so the count stays exact.
+    Hint: torch.sort(|w| flattened, stable=True) lists the positions from the smallest |w|
+    up, equal ones in index order.
     """
     ### BEGIN SOLUTION
     num_pruned = round(sparsity * weight.numel())
+    smallest_first = weight.abs().flatten().sort(stable=True).indices
     mask = torch.ones(weight.numel(), dtype=torch.bool, device=weight.device)
-    if num_pruned:
-        mask[weight.abs().flatten().topk(num_pruned, largest=False).indices] = False
+    mask[smallest_first[:num_pruned]] = False
     return mask.reshape(weight.shape)
     ### END SOLUTION
 
@@ -28,6 +31,9 @@ def mask_2_4(weight: torch.Tensor) -> torch.Tensor:
 
     weight: [out, in] with in a multiple of 4; the groups are columns 0-3, 4-7, ... of each
     row. Returns a bool tensor shaped like weight with exactly two True in every group.
+    Among equal |w| the library keeps the ones torch.topk(2) returns (neither simply the
+    first nor the last), and so must you: on SmolLM2's tied weights a sort-based mask
+    prunes different weights than the library.
     Hint: view |w| as [out, in / 4, 4], take topk(2) on the last dimension, scatter True.
     """
     ### BEGIN SOLUTION
@@ -44,14 +50,20 @@ def compress_2_4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     weight: [out, in], at most 2 non-zeros in each group of 4 inputs. Returns
     (values [out, in / 2], indices [out, in / 2] int64): for each group, in order, its 2
-    kept entries (the 2 largest |w|) and their positions 0..3, the smaller position first.
-    This is the layout of NVIDIA's sparse tensor cores (values + 2-bit metadata).
-    Hint: topk(2) of |w| per group gives the positions; sort them; torch.gather the values.
+    stored entries and their positions 0..3, the smaller position first. The stored
+    entries are the group's non-zeros; a group with fewer than 2 (a kept weight can be
+    exactly 0, e.g. after 4-bit rounding) fills up with its lowest-position zeros, as the
+    library does. This is the layout of NVIDIA's sparse tensor cores (values + 2-bit
+    metadata).
+    Hint: torch.argsort(groups == 0, dim=-1, stable=True) lists each group's non-zero
+    positions first, then its zero positions, each in increasing order; keep the first 2,
+    sort them, and torch.gather the values.
     """
     ### BEGIN SOLUTION
     out, inp = weight.shape
     groups = weight.reshape(out, inp // 4, 4)
-    indices = groups.abs().topk(2, dim=-1).indices.sort(dim=-1).values
+    nonzeros_first = torch.argsort(groups == 0, dim=-1, stable=True)
+    indices = nonzeros_first[..., :2].sort(dim=-1).values
     values = groups.gather(-1, indices)
     return values.reshape(out, inp // 2), indices.reshape(out, inp // 2)
     ### END SOLUTION

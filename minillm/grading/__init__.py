@@ -4,7 +4,9 @@
   docstring starts with ``Exercise NN.k: what to implement`` and whose body holds a
   ``### BEGIN SOLUTION`` / ``### END SOLUTION`` block (:mod:`.exercises` turns it into a stub).
 * ``tests/grading/test_chNN_*.py`` are written once and import the code under test with
-  :func:`load_impl`, which reads ``MINILLM_IMPL`` (``exercises`` by default, or ``solutions``).
+  :func:`load_impl`, which reads ``MINILLM_IMPL``: ``exercises`` (the default, your code),
+  ``solutions``, or ``mutant:chNN_topic:name``, the solutions with one function replaced
+  by a plausible wrong answer from ``tests/grading/mutants/`` (:mod:`.mutants`).
 * ``minillm grade`` runs them in a subprocess and prints a score table (:mod:`.grade`).
 """
 
@@ -19,21 +21,33 @@ IMPLS = ("exercises", "solutions")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def check_impl(impl: str) -> str:
+    """``impl`` if it names an implementation, else a ValueError listing the choices."""
+    if impl in IMPLS or (impl.startswith("mutant:") and impl.count(":") == 2):
+        return impl
+    raise ValueError(f"implementation {impl!r}: choose exercises, solutions or "
+                     "mutant:chNN_topic:name (see tests/grading/mutants/)")
+
+
 def current_impl() -> str:
-    impl = os.environ.get("MINILLM_IMPL", "exercises")
-    if impl not in IMPLS:
-        raise ValueError(f"MINILLM_IMPL={impl!r}; choose one of {', '.join(IMPLS)}")
-    return impl
+    return check_impl(os.environ.get("MINILLM_IMPL", "exercises"))
 
 
 def load_impl(module: str, impl: str | None = None):
     """Import ``exercises.<module>`` or ``solutions.<module>`` from the course repository.
 
     ``impl`` defaults to ``$MINILLM_IMPL`` (``exercises`` unless set): your own code.
+    ``mutant:<module>:<name>`` gives a copy of the solutions in which one function is the
+    mutant ``name``; other modules are then the plain solutions.
     """
-    impl = impl or current_impl()
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r}; choose one of {', '.join(IMPLS)}")
+    impl = check_impl(impl or current_impl())
+    if impl.startswith("mutant:"):
+        from .mutants import find_mutant, mutated_solution
+
+        _, mutated_module, name = impl.split(":")
+        if mutated_module == module:
+            return mutated_solution(find_mutant(module, name))
+        impl = "solutions"
     if not (REPO_ROOT / impl).is_dir():
         raise FileNotFoundError(f"{REPO_ROOT / impl} not found: grading runs from a clone of "
                                 "the course repository.")

@@ -1,19 +1,24 @@
 """``minillm grade``: run the graded tests in a subprocess and print a score table.
 
 The subprocess keeps a student's crash from taking the grader down, and pytest-timeout
-turns an endless loop into a failed test with a readable reason.
+turns an endless loop into a failed test with a readable reason. Two checks keep the
+graded tests honest: :func:`check_honesty` (every test fails on the stubs and passes on
+the solutions) and :func:`check_mutants` (every plausible wrong answer loses points).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import IMPLS, REPO_ROOT
+from . import REPO_ROOT, check_impl
+from .mutants import MUTANTS_DIR, find_mutants, solution_exercises
 
 
 class GradingError(RuntimeError):
@@ -37,18 +42,26 @@ def run_graded_tests(chapter: str | None = None, impl: str = "exercises",
                      root: Path = REPO_ROOT) -> list[dict]:
     """One dict per graded test: exercise, points, test, outcome, reason.
 
-    ``root`` is the course repository (its ``tests/conftest.py`` defines ``--impl``).
+    ``impl``: exercises, solutions or mutant:chNN_topic:name; ``root`` is the course
+    repository.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    files = graded_files(chapter, root)
+    cmd = ["-p", "minillm.grading.plugin"] + (["-n", str(workers), "--dist", "loadfile"]
+                                              if workers else [])
+    return _run_pytest(files, cmd, "grade", check_impl(impl), timeout, root)
+
+
+def _run_pytest(files: list[Path], options: list[str], report_option: str, impl: str,
+                timeout: float, root: Path):
+    """Run pytest on ``files`` in a subprocess; returns what the plugin wrote to
+    ``--<report_option>-report``."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "grade.json"
-        cmd = [sys.executable, "-m", "pytest", *map(str, graded_files(chapter, root)), "-q",
-               "-p", "minillm.grading.plugin", f"--grade-report={report}", f"--impl={impl}",
-               f"--timeout={timeout}", "-p", "no:cacheprovider", "-W", "ignore"]
-        if workers:
-            cmd += ["-n", str(workers), "--dist", "loadfile"]
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pytest", *map(str, files), "-q", *options,
+               f"--{report_option}-report={report}", f"--timeout={timeout}",
+               "-p", "no:cacheprovider", "-W", "ignore"]
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "MINILLM_IMPL": impl})
         if not report.exists():
             raise GradingError("the graded tests did not run:\n" + done.stdout[-2000:]
                                + done.stderr[-2000:])
@@ -89,4 +102,59 @@ def check_honesty(workers: int | None = None) -> int:
     for r in passing_stubs:
         print(f"  PASSES ON A STUB (asserts nothing?): {r['exercise']} {r['test']}")
     ok = solutions and not bad_solutions and not passing_stubs and len(stubs) == len(solutions)
+    return 0 if ok else 1
+
+
+def run_mutants(chapter: str | None = None, workers: int | None = None, timeout: float = 20,
+                mutants_dir: Path = MUTANTS_DIR, root: Path = REPO_ROOT) -> list[dict]:
+    """Grade every mutant of the chapter(s); one dict per mutant: module, name, exercise,
+    mistake, tests (how many graded tests it ran), killed_by (its first failure, or None).
+
+    One pytest subprocess per chapter tries each of its mutants in turn
+    (:mod:`.mutant_plugin`); ``workers`` chapters run at the same time.
+    """
+    files = graded_files(chapter, root)
+    options = ["-p", "minillm.grading.mutant_plugin", f"--mutants-dir={mutants_dir}"]
+
+    def run_chapter(test_file: Path) -> list[dict]:
+        mutants = find_mutants(test_file.stem.removeprefix("test_"), mutants_dir, root)
+        if not mutants:
+            return []
+        report = _run_pytest([test_file], options, "mutant", "solutions", timeout, root)
+        return [{"module": m.module, "name": m.name, "exercise": m.exercise,
+                 "mistake": m.mistake, **report.get(m.name, {"tests": 0, "killed_by": None})}
+                for m in mutants]
+
+    with ThreadPoolExecutor(max_workers=workers or 1) as pool:
+        return [result for chapter_results in pool.map(run_chapter, files)
+                for result in chapter_results]
+
+
+def mutant_summary(results: list[dict], exercises: list[str]) -> tuple[list[str], bool]:
+    """Lines to print (one per surviving mutant, exercises with fewer than 2 mutants, the
+    count) and whether the graded tests kill every mutant of every exercise, >= 2 each."""
+    survivors = [r for r in results if not r["killed_by"]]
+    lines = [f"SURVIVES {r['exercise']} {r['module']}.{r['name']}: {r['mistake']} "
+             f"({r['tests']} graded tests passed)" for r in survivors]
+    per_exercise = {exercise: 0 for exercise in exercises}
+    for r in results:
+        per_exercise[r["exercise"]] = per_exercise.get(r["exercise"], 0) + 1
+    too_few = {e: n for e, n in sorted(per_exercise.items()) if n < 2}
+    lines += [f"TOO FEW MUTANTS {e}: {n} (write at least 2 plausible wrong answers)"
+              for e, n in too_few.items()]
+    lines.append(f"mutants killed: {len(results) - len(survivors)} of {len(results)} "
+                 f"(>= 2 per exercise: {'no' if too_few else 'yes'})")
+    return lines, bool(results) and not survivors and not too_few
+
+
+def check_mutants(chapter: str | None = None, workers: int | None = None,
+                  timeout: float = 20) -> int:
+    """Every mutant must fail at least one graded test of its exercise, and every exercise
+    needs at least 2 mutants. Prints the survivors and a count; returns 0 if all is well."""
+    results = run_mutants(chapter, workers, timeout)
+    pattern = f"ch{int(chapter):02d}_*.py" if chapter else "ch*.py"
+    exercises = [exercise for path in sorted((REPO_ROOT / "solutions").glob(pattern))
+                 for exercise in solution_exercises(path.stem).values()]
+    lines, ok = mutant_summary(results, exercises)
+    print("\n".join(lines))
     return 0 if ok else 1
