@@ -1,70 +1,72 @@
 """The built course website, opened in a real browser (headless Chromium).
 
-Run after `make book`. Checks that the home page and a chapter page render: the title,
-a figure, a code cell's output; and saves screenshots and DOM dumps for people to look at
-(book/_build/browser/).
+Run after `make book`. Every page of book/_toc.yml is opened at 1280 pixels wide; a
+screenshot of the whole page and its DOM after scripts ran are saved in
+book/_build/browser/ for people to look at. Each page must run its scripts without
+errors, typeset all its math, not scroll sideways, and show every printed table whole:
+output lines wrap inside their box (book/_static/minillm.css), which is right for running
+text but scrambles a table, so a table row must fit the box.
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
-import shutil
-import subprocess
-import threading
-from pathlib import Path
+import re
 
 import pytest
+from book_site import ARTIFACTS, WIDTH, Rendered, cell_start, render, section_of
 
-REPO = Path(__file__).resolve().parents[2]
-SITE = REPO / "book" / "_build" / "html"
-ARTIFACTS = REPO / "book" / "_build" / "browser"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+# A printed line with two or more gaps of 2+ spaces between words is a row of a table.
+TABLE_GAP = re.compile(r"(?<=\S) {2,}(?=\S)")
 
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    raise RuntimeError("no Chromium found: install it (Debian: apt-get install chromium)")
+@pytest.fixture
+def open_page(site_url, tmp_path):
+    def run(page: str) -> Rendered:
+        return render(f"{site_url}/{page}.html", page.replace("/", "__"), tmp_path / "profile")
+    return run
 
 
-@pytest.fixture(scope="module")
-def site_url():
-    if not (SITE / "index.html").exists():
-        raise RuntimeError(f"{SITE} has no index.html: build the book first (make book)")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(SITE))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def wide_table_rows(rendered: Rendered) -> list[str]:
+    """Printed table rows longer than their output box holds at WIDTH pixels, by cell."""
+    by_cell = {}  # cell -> (characters the box holds, rows too long)
+    for pre in rendered.soup.select("div.cell_output pre[data-fits-chars]"):
+        fits = int(pre["data-fits-chars"])
+        rows = [line for line in pre.get_text().splitlines()
+                if len(line) > fits and len(TABLE_GAP.findall(line)) >= 2]
+        if rows:
+            cell = pre.find_parent("div", class_="cell")
+            by_cell.setdefault(id(cell), (cell, fits, []))[2].extend(rows)
+    return [f"section {section_of(cell)!r}, cell {cell_start(cell)!r}: {len(rows)} rows up to "
+            f"{max(map(len, rows))} characters, the box holds {fits}; e.g. {rows[0][:60]!r}..."
+            for cell, fits, rows in by_cell.values()]
 
 
-def render(url: str, name: str, tmp_path: Path) -> str:
-    """The page's DOM after scripts ran; also writes a screenshot and the DOM to ARTIFACTS."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    profile = ["--user-data-dir=" + str(tmp_path / "profile")]
-    dom = subprocess.run([chromium(), *CHROMIUM_FLAGS, *profile, "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    (ARTIFACTS / f"{name}.html").write_text(dom)
-    shot = ARTIFACTS / f"{name}.png"
-    subprocess.run([chromium(), *CHROMIUM_FLAGS, *profile, f"--screenshot={shot}",
-                    "--window-size=1280,1600", url], capture_output=True, timeout=120, check=True)
-    assert shot.stat().st_size > 20_000, "screenshot is (nearly) blank"
-    return dom
+def test_page_in_browser(page, open_page):
+    rendered = open_page(page)
+    body = rendered.soup.body
+    problems = [f"console: {error}" for error in rendered.console_errors]
+    problems += [f"MathJax error in section {section_of(error)!r}: {error.get_text()!r}"
+                 for error in rendered.soup.select("mjx-merror")]
+    problems += [f"math not typeset in section {section_of(math)!r}: {math.get_text()[:80]!r}"
+                 for math in rendered.soup.select(".math") if not math.select("mjx-container")]
+    if int(body["data-page-width"]) > WIDTH:
+        problems.append(f"the page is {body['data-page-width']} px wide at a {WIDTH} px window:"
+                        " it scrolls sideways")
+    problems += [f"table too wide: {row}" for row in wide_table_rows(rendered)]
+    assert rendered.screenshot.stat().st_size > 20_000, "screenshot is (nearly) blank"
+    assert not problems, (f"{page} (screenshot {rendered.screenshot.relative_to(ARTIFACTS.parent)})"
+                          ":\n  " + "\n  ".join(problems))
 
 
-def test_home_page_renders(site_url, tmp_path):
-    dom = render(f"{site_url}/intro.html", "home", tmp_path)
+def test_home_page_renders(open_page):
+    dom = open_page("intro").dom
     assert "LLM inference from the ground up" in dom
     assert "Anatomy of inference" in dom  # the table of contents lists the chapters
     assert "Exercises and grading" in dom
 
 
-def test_chapter_page_shows_figures_and_outputs(site_url, tmp_path):
-    dom = render(f"{site_url}/notebooks/03_kv_cache.html", "chapter03", tmp_path)
+def test_chapter_page_shows_figures_and_outputs(open_page):
+    dom = open_page("notebooks/03_kv_cache").dom
     assert "<h1" in dom and "KV cache" in dom
     assert "<img" in dom and ("image/png" in dom or "_images/" in dom)  # a stored figure
     assert "cell_output" in dom  # a code cell's stored output is shown
