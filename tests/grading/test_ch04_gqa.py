@@ -22,7 +22,9 @@ def test_kv_bytes_per_token_matches_the_library(layers, kv_heads, head_dim, nbyt
     config = ModelConfig(num_layers=layers, num_heads=kv_heads * 2, num_kv_heads=kv_heads,
                          head_dim=head_dim)
     expected = kv_cache_bytes(config, num_tokens=1, bytes_per_value=nbytes)
-    assert impl.kv_bytes_per_token(layers, kv_heads, head_dim, nbytes) == expected
+    got = impl.kv_bytes_per_token(layers, kv_heads, head_dim, nbytes)
+    assert type(got) is int, f"a number of bytes is an int, got {type(got).__name__}"
+    assert got == expected
 
 
 @pytest.mark.exercise("04.2", points=1)
