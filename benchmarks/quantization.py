@@ -26,79 +26,61 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from minillm import Tokenizer, load_model
 from minillm.data import load_text
 from minillm.eval import perplexity
-from minillm.quant.basic import QuantScheme
+from minillm.quant import QUANTIZERS, QuantScheme, quantize_model
 from minillm.quant.calibration import calibration_windows
 from minillm.quant.embedding import compact_embedding
-from minillm.quant.qlinear import model_nbytes, quantize_model
+from minillm.quant.qlinear import model_nbytes
 
 G128_4BIT = QuantScheme(bits=4, symmetric=False, group_size=128)
 G128_3BIT = QuantScheme(bits=3, symmetric=False, group_size=128)
 INT8_PER_CHANNEL = QuantScheme(bits=8, symmetric=True, group_size=None)
 
 
-def _gptq(scheme):
-    def run(model, windows):
-        from minillm.quant.gptq import quantize_model_gptq
-        return quantize_model_gptq(model, windows, scheme)
-    return run
+@dataclass(frozen=True)
+class Recipe:
+    """A registry method (``minillm.quant.QUANTIZERS``) with its scheme and options."""
+
+    method: str
+    scheme: QuantScheme | None = None
+    options: dict = field(default_factory=dict)
+
+    @property
+    def calibrated(self) -> bool:
+        return (QUANTIZERS[self.method].windows == "required"
+                or self.options.get("method") == "wanda")
+
+    def apply(self, model, windows):
+        return quantize_model(model, self.method, self.scheme,
+                              windows=windows if self.calibrated else None, **self.options)
 
 
-def _awq(scheme):
-    def run(model, windows):
-        from minillm.quant.awq import quantize_model_awq
-        return quantize_model_awq(model, windows, scheme)
-    return run
-
-
-def _nf4(model, windows):
-    from minillm.quant.nf4 import quantize_model_nf4
-    return quantize_model_nf4(model, block_size=64, double_quant=True)
-
-
-def _llm_int8(model, windows):
-    from minillm.quant.llm_int8 import quantize_model_llm_int8
-    return quantize_model_llm_int8(model, threshold=6.0)
-
-
-def _fp8(model, windows):
-    from minillm.quant.fp8 import quantize_model_fp8
-    return quantize_model_fp8(model)
-
-
-def _sparse24(method: str, scheme: QuantScheme | None = None):
-    def run(model, windows):
-        from minillm.quant.sparsity import sparsify_model
-        return sparsify_model(model, pattern="2:4", method=method, windows=windows,
-                              compress=True, scheme=scheme)
-    return run
-
-
-# name: (label, transformation(model, calibration windows) -> model)
-ROWS: dict[str, tuple[str, Callable | None]] = {
+# name: (label, recipe); the reference has none
+ROWS: dict[str, tuple[str, Recipe | None]] = {
     "reference": ("reference (fp32 weights, the Q4_1-dequantized checkpoint)", None),
-    "int8": ("RTN int8 per-channel, symmetric",
-             lambda m, w: quantize_model(m, INT8_PER_CHANNEL)),
-    "rtn4": ("RTN 4-bit g128", lambda m, w: quantize_model(m, G128_4BIT)),
-    "gptq4": ("GPTQ 4-bit g128", _gptq(G128_4BIT)),
-    "awq4": ("AWQ 4-bit g128", _awq(G128_4BIT)),
-    "rtn3": ("RTN 3-bit g128", lambda m, w: quantize_model(m, G128_3BIT)),
-    "gptq3": ("GPTQ 3-bit g128", _gptq(G128_3BIT)),
-    "awq3": ("AWQ 3-bit g128", _awq(G128_3BIT)),
-    "nf4": ("NF4, blocks of 64, double quantization", _nf4),
-    "llm_int8": ("LLM.int8 (W8A8, outliers >= 6 in fp)", _llm_int8),
-    "fp8": ("FP8 E4M3 weights, per-channel scale", _fp8),
+    "int8": ("RTN int8 per-channel, symmetric", Recipe("rtn", INT8_PER_CHANNEL)),
+    "rtn4": ("RTN 4-bit g128", Recipe("rtn", G128_4BIT)),
+    "gptq4": ("GPTQ 4-bit g128", Recipe("gptq", G128_4BIT)),
+    "awq4": ("AWQ 4-bit g128", Recipe("awq", G128_4BIT)),
+    "rtn3": ("RTN 3-bit g128", Recipe("rtn", G128_3BIT)),
+    "gptq3": ("GPTQ 3-bit g128", Recipe("gptq", G128_3BIT)),
+    "awq3": ("AWQ 3-bit g128", Recipe("awq", G128_3BIT)),
+    "nf4": ("NF4, blocks of 64, double quantization", Recipe("nf4", options={"block_size": 64})),
+    "llm_int8": ("LLM.int8 (W8A8, outliers >= 6 in fp)",
+                 Recipe("llm_int8", options={"threshold": 6.0})),
+    "fp8": ("FP8 E4M3 weights, per-channel scale", Recipe("fp8")),
     "sparse24_magnitude": ("2:4 sparsity, magnitude (fp16 values + 2-bit positions)",
-                           _sparse24("magnitude")),
-    "sparse24_wanda": ("2:4 sparsity, Wanda (fp16 values + 2-bit positions)", _sparse24("wanda")),
+                           Recipe("sparse24", options={"method": "magnitude"})),
+    "sparse24_wanda": ("2:4 sparsity, Wanda (fp16 values + 2-bit positions)",
+                       Recipe("sparse24", options={"method": "wanda"})),
     "sparse24_wanda_int4": ("2:4 sparsity, Wanda, + 4-bit g128 RTN of the kept values",
-                            _sparse24("wanda", G128_4BIT)),
+                            Recipe("sparse24", G128_4BIT, {"method": "wanda"})),
 }
 GAP_PAIRS = {"gptq4": "rtn4", "awq4": "rtn4", "gptq3": "rtn3", "awq3": "rtn3"}
 
@@ -114,15 +96,15 @@ def whole_model_bytes(model, fmt: str) -> int:
     return model_nbytes(compact_embedding(copy.deepcopy(model), fmt))
 
 
-def measure(name, transform, base, windows, eval_tokens, eval_windows) -> dict:
+def measure(recipe: Recipe | None, base, windows, eval_tokens, eval_windows) -> dict:
     model = copy.deepcopy(base)
     start = time.perf_counter()
-    if transform is not None:
-        model = transform(model, windows)
+    if recipe is not None:
+        model = recipe.apply(model, windows)
     seconds = time.perf_counter() - start
     ppl = perplexity(model, eval_tokens, window=512, max_windows=eval_windows or None,
                      progress=False).perplexity
-    if transform is None:  # the reference: its linear layers counted in fp16
+    if recipe is None:  # the reference: its linear layers counted in fp16
         linear = sum(p.numel() for p in base.layers.parameters() if p.dim() == 2) * 2
         model = copy.deepcopy(base).half()
     else:
@@ -168,8 +150,8 @@ def main(argv=None):
           f"{torch.get_num_threads()} threads")
     results, labels = {}, {}
     for name in args.rows:
-        label, transform = ROWS[name]
-        results[name] = measure(name, transform, base, windows, eval_tokens, args.eval_windows)
+        label, recipe = ROWS[name]
+        results[name] = measure(recipe, base, windows, eval_tokens, args.eval_windows)
         labels[name] = label
         print(f"{name}: perplexity {results[name]['ppl']:.2f}", flush=True)
     print_table(results, labels, fp16_linear)

@@ -46,7 +46,7 @@ def quantized_weight(n: int, k: int, device: str):
 
 
 def relative_error(y: torch.Tensor, x: torch.Tensor, layer) -> float:
-    reference = x.double() @ layer.dequantized_weight().double().T
+    reference = x.double() @ layer.dense_weight().double().T
     return ((y.double() - reference).abs().max() / reference.abs().max()).item()
 
 
@@ -56,7 +56,7 @@ def gpu_row(name: str, n: int, k: int, batch: int) -> str:
     from minillm.kernels.w4a16_matmul import w4a16_matmul
 
     layer = quantized_weight(n, k, "cuda")
-    weight = layer.dequantized_weight().half()  # the dense fp16 baseline, same values
+    weight = layer.dense_weight().half()  # the dense fp16 baseline, same values
     x = torch.randn(batch, k, device="cuda", dtype=torch.float16)
     group = min(GROUP, k)
     ours = lambda: w4a16_matmul(x, layer.codes, layer.scales, layer.zeros, group)  # noqa: E731

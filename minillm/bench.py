@@ -18,6 +18,8 @@ import torch
 
 from .generate import generate, pad_left
 from .model import Transformer
+from .quant.qlinear import model_nbytes
+from .roofline import copy_bandwidth
 
 BENCH_QUESTIONS = [
     "Explain why the sky is blue.",
@@ -44,45 +46,20 @@ class DecodeRow:
         return self.batch * self.new_tokens / self.seconds
 
 
-def copy_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
-    """Bytes moved per second (read + write) by copying a tensor much larger than the caches."""
-    src = torch.randn(megabytes * (1 << 20) // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best
-
-
-def matmul_flops_per_second(n: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of an [n, n] @ [n, n] fp32 matmul: this machine's compute roof."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
-
-
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: every parameter once, except the embedding
-    table, of which a step reads one row (unless it is tied to the lm_head, read in full)."""
-    unique = {p.data_ptr(): p for p in model.parameters()}.values()
-    total = sum(p.numel() * p.element_size() for p in unique)
-    embed, head = model.embed_tokens.weight, _lm_head_weight(model)
-    if embed.data_ptr() != head.data_ptr():
-        total -= embed.numel() * embed.element_size()
+    """Bytes of weights one decode step reads: every stored tensor once, except the embedding
+    table, of which a step reads one row (unless the lm_head shares it: then it is read in
+    full). Works for any storage format (fp32, transposed, quantized, compact embedding)."""
+    embedding = _stored_tensors(model.embed_tokens)
+    shared_with_head = embedding.keys() & _stored_tensors(model.lm_head).keys()
+    total = model_nbytes(model)
+    if not shared_with_head:
+        total -= sum(t.nbytes for t in embedding.values())
     return total
 
 
-def _lm_head_weight(model) -> torch.Tensor:
-    head = model.lm_head
-    return head.weight_t if hasattr(head, "weight_t") else head.weight
+def _stored_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:
+    return {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
 
 
 def time_call(fn, repeats: int = 2, warmup: bool = True):

@@ -1,50 +1,23 @@
 """Load Hugging Face Llama-family checkpoints into :class:`minillm.model.Transformer`.
 
 A checkpoint is a directory with ``config.json`` and weights in safetensors files (one
-``model.safetensors``, or shards listed in ``model.safetensors.index.json``). Hugging Face
-names tensors after its own module tree; ``hf_to_minillm_name`` maps them onto ours.
+``model.safetensors``, or shards listed in ``model.safetensors.index.json``): the course
+model, any local Llama-family checkpoint, a hub id, or a directory written by
+``minillm quantize``. Reading tensors and mapping names is in :mod:`minillm.weights`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from .assets import COURSE_MODEL_NAME, AssetError, fetch_course_model
 from .config import ModelConfig
 from .model import Transformer
-
-_LAYER_RENAMES = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "mlp_norm",
-    "self_attn": "attn",
-}
-_LAYER_RENAMES_BACK = {ours: theirs for theirs, ours in _LAYER_RENAMES.items()}
-
-
-def hf_to_minillm_name(name: str) -> str:
-    """``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attn.q_proj.weight``."""
-    name = name.removeprefix("model.")
-    match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
-    if match:
-        index, module, rest = match.groups()
-        return f"layers.{index}.{_LAYER_RENAMES.get(module, module)}.{rest}"
-    return name
-
-
-def minillm_to_hf_name(name: str) -> str:
-    """The inverse of :func:`hf_to_minillm_name`."""
-    if name == "lm_head.weight":
-        return name
-    match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
-    if match:
-        index, module, rest = match.groups()
-        name = f"layers.{index}.{_LAYER_RENAMES_BACK.get(module, module)}.{rest}"
-    return "model." + name
+from .quant.checkpoint import is_quantized_checkpoint, load_quantized
+from .weights import load_state_dict, load_weights, minillm_to_hf_name
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
@@ -93,49 +66,6 @@ def _download_from_hub(repo_id: str) -> Path:
         ) from error
 
 
-def _weight_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [directory / shard for shard in shards]
-    single = directory / "model.safetensors"
-    if single.exists():
-        return [single]
-    raise AssetError(f"no model.safetensors or model.safetensors.index.json in {directory}.")
-
-
-def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint, renamed to minillm's module names."""
-    state = {}
-    for file in _weight_files(directory):
-        try:
-            tensors = load_file(file)
-        except Exception as error:
-            raise AssetError(f"{file} is not a readable safetensors file ({error}). "
-                             "Re-download it (for the course model: `minillm fetch --force`).") \
-                from error
-        state.update({hf_to_minillm_name(k): v for k, v in tensors.items()})
-    return state
-
-
-def load_weights(model: Transformer, state: dict[str, torch.Tensor], source: str,
-                 assign: bool = False) -> None:
-    """Load ``state`` into ``model``, pointing a tied lm_head at the embedding, and raise an
-    :class:`AssetError` naming ``source`` if a tensor is missing or unexpected.
-    ``assign=True`` adopts the tensors as they are (for a model built on the meta device)."""
-    tied = model.config.tie_word_embeddings
-    if tied:  # the lm_head's tensors are the embedding's (a compact one shares its module)
-        state = {name: t for name, t in state.items() if not name.startswith("lm_head.")}
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
-    if tied:
-        if isinstance(model.lm_head, torch.nn.Linear):
-            model.lm_head.weight = model.embed_tokens.weight
-        missing = [m for m in missing if not m.startswith("lm_head.")]
-    if missing or unexpected:
-        raise AssetError(f"{source} does not match its config: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}.")
-
-
 def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.float32,
                attn_backend: str = "sdpa", device: str | torch.device = "cpu") -> Transformer:
     """Build a :class:`Transformer` from a checkpoint and load its weights.
@@ -146,8 +76,6 @@ def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.
     weights (its float tensors stay fp32; ``dtype`` does not apply).
     """
     directory = resolve_checkpoint(name_or_path)
-    from .quant.checkpoint import is_quantized_checkpoint, load_quantized
-
     if is_quantized_checkpoint(directory):
         return load_quantized(directory, attn_backend).to(device=device)
     config_file = directory / "config.json"

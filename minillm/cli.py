@@ -78,40 +78,51 @@ def cmd_perplexity(args) -> None:
           f"({result.num_tokens} tokens scored in {result.num_windows} windows of {args.window})")
 
 
+def _quant_scheme(args):
+    """The QuantScheme the options ask for (None for sparse24 without --bits: fp16 values)."""
+    from .quant import QUANTIZERS, QuantScheme
+
+    needs = QUANTIZERS[args.method].scheme
+    if needs == "none" or (needs == "optional" and args.bits is None):
+        return None
+    return QuantScheme(bits=args.bits or 4, symmetric=args.symmetric,
+                       group_size=args.group_size or None)
+
+
+def _method_options(args) -> dict:
+    """The chosen method's own options from the command line."""
+    return {"gptq": {"damp": args.damp, "act_order": args.act_order},
+            "nf4": {"block_size": args.block_size},
+            "llm_int8": {"threshold": args.threshold},
+            "sparse24": {"method": args.prune}}.get(args.method, {})
+
+
 def cmd_quantize(args) -> None:
     from .checkpoint import load_model, resolve_checkpoint
-    from .quant.basic import QuantScheme
+    from .quant import QUANTIZERS, quantize_model
     from .quant.checkpoint import save_quantized
 
-    scheme = QuantScheme(bits=args.bits, symmetric=args.symmetric,
-                         group_size=args.group_size or None)
+    scheme = _quant_scheme(args)
+    options = _method_options(args)
+    windows = None
+    needs_windows = (QUANTIZERS[args.method].windows == "required"
+                     or options.get("method") == "wanda")
     model = load_model(args.model)
-    if args.method == "rtn":
-        from .quant.qlinear import quantize_model
-
-        quantize_model(model, scheme)
-    else:
+    if needs_windows:
         from .quant.calibration import calibration_windows
         from .tokenizer import Tokenizer
 
         windows = calibration_windows(Tokenizer(args.model), args.calib_windows, args.calib_len,
                                       corpus=args.calib_corpus)
-        if args.method == "gptq":
-            from .quant.gptq import quantize_model_gptq
-
-            quantize_model_gptq(model, windows, scheme, damp=args.damp,
-                                act_order=args.act_order)
-        else:
-            from .quant.awq import quantize_model_awq
-
-            quantize_model_awq(model, windows, scheme)
+    quantize_model(model, args.method, scheme, windows=windows, progress=True, **options)
     if args.embedding != "fp32":
         from .quant.embedding import compact_embedding
 
         compact_embedding(model, args.embedding)
-    out = save_quantized(model, args.out, scheme, tokenizer_from=resolve_checkpoint(args.model))
-    print(f"{args.method} {args.bits}-bit, group {args.group_size}: wrote {out} "
-          f"(try: minillm generate --model {out} \"Hello\")")
+    out = save_quantized(model, args.out, tokenizer_from=resolve_checkpoint(args.model))
+    described = f"{args.method}" + (f" {scheme.bits}-bit, group {scheme.group_size}"
+                                     if scheme else "")
+    print(f"{described}: wrote {out} (try: minillm generate --model {out} \"Hello\")")
 
 
 def cmd_bench(args) -> None:
@@ -134,6 +145,8 @@ def cmd_grade(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .quant import QUANTIZERS
+
     parser = argparse.ArgumentParser(prog="minillm", description="LLM inference from the ground up")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -183,23 +196,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CI: every wrong answer in tests/grading/mutants loses points")
     grade.set_defaults(func=cmd_grade)
 
-    quant = sub.add_parser("quantize", help="quantize a model's linear layers and save it")
+    quant = sub.add_parser("quantize", help="compress a model's linear layers and save it")
     quant.add_argument("out", help="directory to write (loads with --model OUT)")
     quant.add_argument("--model", default="smollm2", help="checkpoint dir, hub id or smollm2")
-    quant.add_argument("--method", default="rtn", choices=("rtn", "gptq", "awq"))
-    quant.add_argument("--bits", type=int, default=4)
+    quant.add_argument("--method", default="rtn", choices=list(QUANTIZERS),
+                       help=" | ".join(QUANTIZERS))
+    quant.add_argument("--bits", type=int, default=None,
+                       help="integer grid bits for rtn/gptq/awq (default 4); sparse24: "
+                            "quantize the kept values too")
     quant.add_argument("--group-size", type=int, default=128,
                        help="inputs sharing one scale (0: one scale per output channel)")
     quant.add_argument("--symmetric", action="store_true", help="absmax instead of zero-point")
     quant.add_argument("--embedding", default="fp16", choices=("fp32", "fp16", "int8"),
                        help="storage of the token embedding (tied: also the lm_head)")
-    quant.add_argument("--calib-windows", type=int, default=128, help="GPTQ/AWQ calibration")
+    quant.add_argument("--calib-windows", type=int, default=128, help="GPTQ/AWQ/Wanda calibration")
     quant.add_argument("--calib-len", type=int, default=512, help="tokens per window")
     quant.add_argument("--calib-corpus", default="sotu")
     quant.add_argument("--damp", type=float, default=0.1,
                        help="GPTQ: Hessian dampening, a fraction of its mean diagonal")
     quant.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=True,
                        help="GPTQ: quantize columns by decreasing Hessian diagonal")
+    quant.add_argument("--block-size", type=int, default=64, help="NF4: weights per absmax")
+    quant.add_argument("--threshold", type=float, default=6.0,
+                       help="LLM.int8: activation magnitude of an outlier feature")
+    quant.add_argument("--prune", default="magnitude", choices=("magnitude", "wanda"),
+                       help="sparse24: which weights to prune")
     quant.set_defaults(func=cmd_quantize)
 
     bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")

@@ -20,19 +20,45 @@ For a transformer forward pass this module counts ``F`` and ``B`` from the confi
 Activations are assumed to stay in the processor's caches, so the byte count is the
 minimum traffic: exact enough for decode (which reads little else), optimistic for
 long prefills. The machine's two roofs are measured by :meth:`Roofline.measure` with
-:func:`minillm.bench.matmul_flops_per_second` (a large fp32 matmul: high intensity, so its
-speed is the compute roof) and :func:`minillm.bench.copy_bandwidth`.
+:func:`matmul_flops_per_second` (a large fp32 matmul: high intensity, so its speed is the
+compute roof) and :func:`copy_bandwidth` (STREAM's copy).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .bench import copy_bandwidth, matmul_flops_per_second
 from .config import ModelConfig
 from .kv_cache import kv_cache_bytes
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
+    """Bytes moved per second (read + write) by copying a tensor much larger than the caches."""
+    src = torch.randn(megabytes * (1 << 20) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best
+
+
+def matmul_flops_per_second(n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an [n, n] @ [n, n] fp32 matmul: this machine's compute roof."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .linear import replace_linears
+
 
 class TransposedLinear(nn.Module):
     """``y = x @ weight_t + bias`` with ``weight_t`` [in_features, out_features]."""
@@ -28,9 +30,8 @@ class TransposedLinear(nn.Module):
         self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
         self.bias = linear.bias
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The usual [out, in] view, for code that inspects weights."""
+    def dense_weight(self) -> torch.Tensor:
+        """The usual [out, in] view (the linear-layer contract of :mod:`minillm.linear`)."""
         return self.weight_t.t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,4 @@ class TransposedLinear(nn.Module):
 
 def transpose_linear_weights(model: nn.Module) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`TransposedLinear` (in place)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, TransposedLinear(child))
-    return model
+    return replace_linears(model, TransposedLinear, skip=())

@@ -30,7 +30,7 @@ from minillm.quant.awq import (
     tie_to_kv_heads,
 )
 from minillm.quant.basic import QuantScheme, fake_quantize
-from minillm.quant.qlinear import QuantLinear, quantize_model
+from minillm.quant.qlinear import QuantLinear, quantize_model_rtn
 
 
 def planted_layer(seed: int = 0, out: int = 96, inp: int = 256, tokens: int = 512):
@@ -214,12 +214,12 @@ def test_quantize_model_awq_runs_replaces_layers_and_beats_round_to_nearest(tmp_
     held_out = torch.randint(0, 256, (4, 32), generator=g)
     scheme = QuantScheme(3, False, 16)
     report = {}
-    awq = quantize_model_awq(copy.deepcopy(model), windows, scheme, progress=False,
+    awq = quantize_model_awq(copy.deepcopy(model), scheme, windows=windows, progress=False,
                              report=report)
-    rtn = quantize_model(copy.deepcopy(model), scheme)
-    assert sorted(report) == sorted(f"layers.{i}.{name}" for i in range(2) for name in (
-        "attn.q_proj", "attn.o_proj", "mlp.gate_proj", "mlp.down_proj"))
-    assert all(0 <= search.alpha < 1 for search in report.values())
+    rtn = quantize_model_rtn(copy.deepcopy(model), scheme)
+    linears = [n for n, m in model.layers.named_modules() if isinstance(m, nn.Linear)]
+    assert sorted(report) == sorted(f"layers.{name}" for name in linears)
+    assert all(0 <= r.alpha < 1 and r.error <= r.rtn_error for r in report.values())
     for block in awq.layers:
         assert all(isinstance(m, QuantLinear) for m in (
             block.attn.q_proj, block.attn.k_proj, block.attn.v_proj, block.attn.o_proj,
@@ -236,4 +236,4 @@ def test_quantize_model_awq_runs_replaces_layers_and_beats_round_to_nearest(tmp_
 def test_quantize_model_awq_rejects_bad_windows(tmp_path):
     model, _ = tiny_pair(tmp_path)
     with pytest.raises(ValueError, match="calibration_windows"):
-        quantize_model_awq(model, torch.tensor([1, 2, 3]), QuantScheme(), progress=False)
+        quantize_model_awq(model, QuantScheme(), windows=torch.tensor([1, 2, 3]), progress=False)

@@ -21,7 +21,7 @@ from minillm.quant.gptq import (
     layer_objective,
     quantize_model_gptq,
 )
-from minillm.quant.qlinear import QuantLinear, quantize_model
+from minillm.quant.qlinear import QuantLinear, quantize_model_rtn
 
 SCHEMES = [QuantScheme(4, False, None), QuantScheme(4, False, 32), QuantScheme(3, False, None),
            QuantScheme(3, False, 32), QuantScheme(4, True, 32)]
@@ -127,10 +127,10 @@ def test_codes_stay_on_the_grid_and_round_trip_through_quant_linear(scheme):
         assert quantized.codes.max() <= 2**scheme.bits - 1
     bias = torch.randn(weight.shape[0])
     layer = QuantLinear(quantized, bias)
-    torch.testing.assert_close(layer.dequantized_weight(), quantized.dequantize(),
+    torch.testing.assert_close(layer.dense_weight(), quantized.dequantize(),
                                atol=1e-4, rtol=1e-3)  # fp16 scales in storage
     inputs = x[:5].float()
-    torch.testing.assert_close(layer(inputs), inputs @ layer.dequantized_weight().T + bias)
+    torch.testing.assert_close(layer(inputs), inputs @ layer.dense_weight().T + bias)
 
 
 def test_dead_inputs_are_handled():
@@ -187,7 +187,7 @@ def test_bad_inputs_get_clear_errors():
     with pytest.raises(ValueError, match="NaN"):
         gptq_quantize_weight(weight, hessian * float("nan"), QuantScheme(4))
     with pytest.raises(ValueError, match="LongTensor"):
-        quantize_model_gptq(nn.Module(), torch.randn(2, 8), QuantScheme(4))
+        quantize_model_gptq(nn.Module(), QuantScheme(4), windows=torch.randn(2, 8))
 
 
 def output_error(model, reference, windows):
@@ -200,15 +200,15 @@ def test_gptq_on_the_tiny_model_beats_round_to_nearest(tmp_path):
     windows = torch.randint(0, 256, (8, 48), generator=torch.Generator().manual_seed(0))
     scheme = QuantScheme(3, False, 32)
     report = {}
-    gptq = quantize_model_gptq(copy.deepcopy(model), windows, scheme, block_size=16,
+    gptq = quantize_model_gptq(copy.deepcopy(model), scheme, windows=windows, block_size=16,
                                batch_size=4, progress=False, report=report)
-    rtn = quantize_model(copy.deepcopy(model), scheme)
+    rtn = quantize_model_rtn(copy.deepcopy(model), scheme)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     quantized = [n for n, m in gptq.named_modules() if isinstance(m, QuantLinear)]
     assert quantized == [n for n in linears if n != "lm_head"]
     assert isinstance(gptq.lm_head, nn.Linear)
     assert sorted(report) == sorted(quantized)
-    assert all(r.gptq < r.rtn for r in report.values())
+    assert all(r.error < r.rtn_error for r in report.values())
     assert output_error(gptq, model, windows) < 0.7 * output_error(rtn, model, windows)
     assert len(generate(gptq, [1, 2, 3], 5)[0]) == 5
 

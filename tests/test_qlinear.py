@@ -12,7 +12,7 @@ from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.basic import QuantScheme, fake_quantize
 from minillm.quant.embedding import CompactEmbedding, compact_embedding
-from minillm.quant.qlinear import QuantLinear, model_nbytes, quantize_model
+from minillm.quant.qlinear import QuantLinear, model_nbytes, quantize_model_rtn
 
 
 @pytest.mark.parametrize("scheme", [QuantScheme(4, False, 32), QuantScheme(4, True, None),
@@ -23,9 +23,9 @@ def test_quant_linear_equals_matmul_with_the_dequantized_weight(scheme):
     linear = nn.Linear(128, 48, bias=True)
     q = QuantLinear.from_linear(linear, scheme)
     x = torch.randn(5, 128)
-    torch.testing.assert_close(q(x), x @ q.dequantized_weight().T + linear.bias)
+    torch.testing.assert_close(q(x), x @ q.dense_weight().T + linear.bias)
     # the stored weight is the round-to-nearest one, up to fp16 rounding of the scales
-    torch.testing.assert_close(q.dequantized_weight(), fake_quantize(linear.weight.detach(),
+    torch.testing.assert_close(q.dense_weight(), fake_quantize(linear.weight.detach(),
                                                                      scheme),
                                atol=1e-4, rtol=1e-3)
 
@@ -40,7 +40,7 @@ def test_int4_g128_takes_under_30_percent_of_fp16_bytes():
 def test_quantized_tiny_model_runs_and_is_smaller(tmp_path):
     model, _ = tiny_pair(tmp_path)
     before = model_nbytes(model)
-    quantized = quantize_model(copy.deepcopy(model), QuantScheme(8, True, None))
+    quantized = quantize_model_rtn(copy.deepcopy(model), QuantScheme(8, True, None))
     assert model_nbytes(quantized) < before
     assert isinstance(quantized.layers[0].mlp.up_proj, QuantLinear)
     assert isinstance(quantized.lm_head, nn.Linear)  # skipped by default
@@ -55,11 +55,11 @@ def test_quantized_smollm2_save_load_generate_identical_tokens(smollm2, tokenize
     from minillm.quant.checkpoint import load_quantized, save_quantized
 
     scheme = QuantScheme(bits=4, symmetric=False, group_size=128)
-    quantized = quantize_model(copy.deepcopy(smollm2), scheme)
+    quantized = quantize_model_rtn(copy.deepcopy(smollm2), scheme)
     assert model_nbytes(quantized) < 0.45 * model_nbytes(smollm2)  # fp32 embedding kept
     prompt = tokenizer.chat_prompt("Name a colour.")
     before = generate(quantized, prompt, 12)
-    save_quantized(quantized, tmp_path, scheme)
+    save_quantized(quantized, tmp_path)
     reloaded = load_quantized(tmp_path)
     assert generate(reloaded, prompt, 12) == before
     assert torch.equal(reloaded.layers[3].attn.q_proj.codes, quantized.layers[3].attn.q_proj.codes)
@@ -69,7 +69,7 @@ def test_three_bit_codes_take_three_eighths_of_a_byte():
     q = QuantLinear.from_linear(nn.Linear(576, 64, bias=False), QuantScheme(3, False, 128))
     assert q.codes.shape == (64, 576 * 3 // 8)
     x = torch.randn(2, 576)
-    torch.testing.assert_close(q(x), x @ q.dequantized_weight().T)
+    torch.testing.assert_close(q(x), x @ q.dense_weight().T)
 
 
 def test_cli_quantize_writes_a_checkpoint_that_load_model_reads(tmp_path):
@@ -83,8 +83,8 @@ def test_cli_quantize_writes_a_checkpoint_that_load_model_reads(tmp_path):
     reloaded = load_model(out)
     assert isinstance(reloaded.layers[1].attn.o_proj, QuantLinear)
     assert isinstance(reloaded.embed_tokens, CompactEmbedding)
-    expected = compact_embedding(quantize_model(copy.deepcopy(model), QuantScheme(4, False, 32)),
-                                 "int8")
+    expected = compact_embedding(
+        quantize_model_rtn(copy.deepcopy(model), QuantScheme(4, False, 32)), "int8")
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids), expected(ids))
@@ -105,8 +105,7 @@ def test_a_quantized_checkpoint_missing_a_tensor_is_a_clear_error(tmp_path):
     from minillm.quant.checkpoint import load_quantized, save_quantized
 
     model, _ = tiny_pair(tmp_path / "float")
-    save_quantized(quantize_model(model, QuantScheme(4, False, 32)), tmp_path / "q",
-                   QuantScheme(4, False, 32))
+    save_quantized(quantize_model_rtn(model, QuantScheme(4, False, 32)), tmp_path / "q")
     state = load_file(tmp_path / "q" / "model.safetensors")
     del state["layers.0.mlp.down_proj.scales"]
     save_file(state, tmp_path / "q" / "model.safetensors")
@@ -120,8 +119,8 @@ def test_quantized_checkpoint_keeps_a_compact_tied_embedding(tmp_path, fmt):
 
     model, _ = tiny_pair(tmp_path / "float", tie_word_embeddings=True)
     scheme = QuantScheme(4, False, 32)
-    quantized = compact_embedding(quantize_model(model, scheme), fmt)
-    save_quantized(quantized, tmp_path / fmt, scheme)
+    quantized = compact_embedding(quantize_model_rtn(model, scheme), fmt)
+    save_quantized(quantized, tmp_path / fmt)
     reloaded = load_quantized(tmp_path / fmt)
     assert isinstance(reloaded.embed_tokens, CompactEmbedding) and reloaded.embed_tokens.fmt == fmt
     assert reloaded.lm_head.embedding is reloaded.embed_tokens  # still one shared table

@@ -20,16 +20,16 @@ def test_int8_rows_are_within_half_a_step_of_the_original():
     step = weight.abs().amax(dim=1, keepdim=True) / 127
     # half a step, plus up to 127 codes times the fp16 rounding of the step (2^-11 relative)
     bound = step * (0.5 + 127 * 2**-11)
-    assert ((embedding.dequantized_weight() - weight).abs() <= bound).all()
+    assert ((embedding.dense_weight() - weight).abs() <= bound).all()
     ids = torch.tensor([[3, 49, 0]])
-    torch.testing.assert_close(embedding(ids), embedding.dequantized_weight()[ids])
+    torch.testing.assert_close(embedding(ids), embedding.dense_weight()[ids])
 
 
 def test_fp16_table_is_the_rounded_weight():
     weight = torch.randn(10, 8, generator=torch.Generator().manual_seed(1))
     embedding = CompactEmbedding(weight, "fp16")
     assert embedding.table.dtype == torch.float16
-    torch.testing.assert_close(embedding.dequantized_weight(), weight.half().float())
+    torch.testing.assert_close(embedding.dense_weight(), weight.half().float())
 
 
 @pytest.mark.parametrize("fmt, ratio", [("fp16", 0.5), ("int8", 0.27)])

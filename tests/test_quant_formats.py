@@ -73,7 +73,7 @@ def test_a_short_last_block_and_an_odd_weight_survive():
     weight = randn(7, 9, seed=2)  # 63 weights: a short last block and an odd count to pack
     layer = NF4Linear(weight, block_size=16, double_quant=False)
     codes, absmax = quantize_blockwise(weight, nf4_levels(), 16)
-    torch.testing.assert_close(layer.dequantized_weight(),
+    torch.testing.assert_close(layer.dense_weight(),
                                dequantize_blockwise(codes, absmax, nf4_levels(), weight.shape))
 
 
@@ -118,7 +118,7 @@ def planted_outliers(tokens=32, features=64, dims=(3, 40), magnitude=40.0, seed=
 def test_llm_int8_error_is_within_the_activation_rounding_bound():
     x, weight = planted_outliers(), randn(24, 64, seed=6) * 0.1
     layer = Int8Linear(weight, threshold=6.0)
-    w = layer.dequantized_weight().double()
+    w = layer.dense_weight().double()
     outliers = outlier_columns(x, 6.0)
     assert outliers.nonzero().flatten().tolist() == [3, 40]
     x_scales = absmax_int8(x.masked_fill(outliers, 0))[1].double()
@@ -130,7 +130,7 @@ def test_llm_int8_error_is_within_the_activation_rounding_bound():
 
 def test_decomposition_beats_plain_w8a8_on_outlier_dims():
     x, weight = planted_outliers(), randn(24, 64, seed=7) * 0.1
-    reference = x @ Int8Linear(weight).dequantized_weight().T  # same int8 weight in both
+    reference = x @ Int8Linear(weight).dense_weight().T  # same int8 weight in both
     def mse(threshold):
         return (Int8Linear(weight, threshold=threshold)(x) - reference).pow(2).mean().item()
     assert mse(6.0) * 20 < mse(None)  # measured here: about 250x
@@ -143,7 +143,7 @@ def test_w8a8_is_vector_wise_int8_times_the_scale_outer_product():
     expected = (x_codes.double() @ layer.weight_codes.double().T) * x_scales.double()[:, None] \
         * layer.weight_scales.double()[None, :]
     torch.testing.assert_close(layer(x).double(), expected, atol=1e-5, rtol=1e-6)
-    w_error = (layer.dequantized_weight() - weight).abs()
+    w_error = (layer.dense_weight() - weight).abs()
     assert (w_error <= layer.weight_scales.float()[:, None] / 2 + 1e-6).all()
     assert llm_int8_matmul(x, layer.weight_codes, layer.weight_scales, None).shape == (8, 16)
 
@@ -176,8 +176,8 @@ def test_module_equals_the_dequantized_weight_matmul(make):
     linear = nn.Linear(128, 48, bias=True)
     module = make(linear)
     x = torch.randn(2, 5, 128)
-    torch.testing.assert_close(module(x), x @ module.dequantized_weight().T + linear.bias)
-    assert (module.dequantized_weight() - linear.weight).abs().max() < 0.2 * \
+    torch.testing.assert_close(module(x), x @ module.dense_weight().T + linear.bias)
+    assert (module.dense_weight() - linear.weight).abs().max() < 0.2 * \
         linear.weight.abs().max()
 
 

@@ -60,9 +60,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..linear import DEFAULT_SKIP, is_skipped
 from ..model import Attention, Block, RMSNorm, Transformer
 from .basic import QuantScheme, _grouped, _ungrouped, fake_quantize, quantize
-from .calibration import BlockInputs, blocks_with_inputs, linear_layers
+from .calibration import BlockInputs, LayerReport, blocks_with_inputs, check_windows, linear_layers
 from .qlinear import QuantLinear
 
 # (op that produces the input, linear layers reading it): each group shares one scale vector
@@ -174,6 +175,13 @@ class ScaleSearch:
     alpha: float  # the exponent that won
     alphas: list[float]  # the grid searched
     errors: list[float]  # output error (mean over tokens, summed over layers) per alpha
+    layer_errors: list[list[float]]  # per alpha, each layer's output error
+
+    def report(self, layer: int) -> LayerReport:
+        """The ``layer``-th layer's error at the chosen α and at α = 0 (s = 1: plain RTN)."""
+        best = self.alphas.index(self.alpha)
+        return LayerReport(self.layer_errors[best][layer], self.layer_errors[0][layer],
+                           self.alpha)
 
 
 def _as_list(weights: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -199,10 +207,12 @@ def search_scales(weights: torch.Tensor | Sequence[torch.Tensor], x: torch.Tenso
                              f"{x.shape[-1]} channels: pass the layers that read x")
     mean_abs = activation_magnitude(x) if mean_abs is None else mean_abs
     alphas = [i / grid for i in range(grid)]
-    errors = [sum(output_error(w, scaled_weight(w, awq_scales(mean_abs, alpha), scheme), x)
-                  for w in weights) for alpha in alphas]
+    layer_errors = [[output_error(w, scaled_weight(w, awq_scales(mean_abs, alpha), scheme), x)
+                     for w in weights] for alpha in alphas]
+    errors = [sum(row) for row in layer_errors]
     best = min(range(grid), key=errors.__getitem__)
-    return ScaleSearch(awq_scales(mean_abs, alphas[best]), alphas[best], alphas, errors)
+    return ScaleSearch(awq_scales(mean_abs, alphas[best]), alphas[best], alphas, errors,
+                       layer_errors)
 
 
 def tie_to_kv_heads(values: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
@@ -379,9 +389,11 @@ def record_inputs(block: Block, inputs: BlockInputs, max_tokens: int = 512, seed
 
 @torch.no_grad()
 def quantize_block_awq(block: Block, stats: dict[str, InputStats], scheme: QuantScheme,
-                       grid: int = 20, clip: bool = True) -> dict[str, ScaleSearch]:
+                       grid: int = 20, clip: bool = True, skip: Sequence[str] = ()
+                       ) -> dict[str, ScaleSearch]:
     """AWQ one block in place: search every group's scales on the float block, fold them,
-    search clipping ranges on the scaled inputs, then store :class:`QuantLinear` layers.
+    search clipping ranges on the scaled inputs, then store :class:`QuantLinear` layers
+    (except the layers named in ``skip``, which keep their folded float weights).
     Returns the scale searches, keyed by each group's first linear."""
     searches, grams = {}, {}
     for previous, names in SCALE_GROUPS:
@@ -397,37 +409,40 @@ def quantize_block_awq(block: Block, stats: dict[str, InputStats], scheme: Quant
         if clip:
             grams.update(dict.fromkeys(names, scale_grams(stats[names[0]].grams, scales)))
     for name, linear in linear_layers(block).items():
+        if name in skip:
+            continue
         weight = linear.weight.detach()
         if clip and name not in NOT_CLIPPED:
             weight = clip_weight(weight, search_clip(weight, grams[name], scheme, grid).ratios,
                                  scheme)
-        parent, _, child = name.rpartition(".")
-        setattr(block.get_submodule(parent), child, QuantLinear(quantize(weight, scheme),
-                                                                linear.bias))
+        block.set_submodule(name, QuantLinear(quantize(weight, scheme), linear.bias))
     return searches
 
 
-def quantize_model_awq(model: Transformer, windows: torch.Tensor, scheme: QuantScheme, *,
-                       grid: int = 20, clip: bool = True, batch_size: int = 8,
-                       progress: bool = True, max_tokens: int = 512,
-                       report: dict[str, ScaleSearch] | None = None) -> Transformer:
-    """AWQ-quantize every linear layer of the model's blocks, in place (lm_head untouched).
+def quantize_model_awq(model: Transformer, scheme: QuantScheme, *, windows: torch.Tensor,
+                       skip: tuple[str, ...] = DEFAULT_SKIP, grid: int = 20, clip: bool = True,
+                       batch_size: int = 8, progress: bool = True, max_tokens: int = 512,
+                       report: dict[str, LayerReport] | None = None) -> Transformer:
+    """AWQ-quantize every linear layer of the model's blocks, in place.
 
     windows: calibration tokens [num_windows, window] (``calibration_windows``).
+    skip: layers whose name (``"layers.3.mlp.up_proj"``) contains one of these stay float
+        (their inputs are still scaled and folded, exactly).
     grid: α candidates for the scale search (and ratios for clipping: 1 - i/grid).
     max_tokens: tokens per block input on which output errors are measured (the
         activation statistic s_X uses all tokens).
-    report: a dict to receive every scale search, keyed like ``"layers.3.attn.q_proj"``
-        (the first linear of each group sharing an input).
+    report: a dict to receive each layer's :class:`LayerReport` (with its group's α),
+        keyed like ``"layers.3.attn.q_proj"``.
     """
-    if windows.ndim != 2 or windows.dtype != torch.long or windows.numel() == 0:
-        raise ValueError("windows must be a non-empty LongTensor [num_windows, window] of "
-                         "token ids, e.g. from calibration_windows(tokenizer, 16, 512)")
+    check_windows(windows)
     for index, block, inputs in blocks_with_inputs(model, windows, batch_size, progress,
                                                    desc="AWQ"):
         stats = record_inputs(block, inputs, max_tokens, seed=index,
                               scheme=scheme if clip else None)
-        searches = quantize_block_awq(block, stats, scheme, grid, clip)
+        skipped = [name for name in linear_layers(block)
+                   if is_skipped(f"layers.{index}.{name}", skip)]
+        searches = quantize_block_awq(block, stats, scheme, grid, clip, skipped)
         if report is not None:
-            report.update({f"layers.{index}.{name}": s for name, s in searches.items()})
+            report.update({f"layers.{index}.{name}": searches[names[0]].report(i)
+                           for _, names in SCALE_GROUPS for i, name in enumerate(names)})
     return model

@@ -27,11 +27,9 @@ group is shorter: we pad it by repeating its last column, which changes no min o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 
 
 @dataclass(frozen=True)
@@ -137,15 +135,3 @@ def half_rounded_up(x: torch.Tensor) -> torch.Tensor:
     half = x.half()
     return torch.where(half.float() < x, torch.nextafter(half, torch.full_like(half, torch.inf)),
                        half)
-
-
-def replace_linears(model: nn.Module, convert: Callable[[nn.Linear], nn.Module],
-                    skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
-    """Swap every ``nn.Linear`` whose name contains none of ``skip`` for ``convert(linear)``,
-    in place; returns the model. The quantizers of chapter 06 (NF4, LLM.int8, FP8) use it."""
-    for name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, nn.Linear) and not any(s in full for s in skip):
-                setattr(parent, child_name, convert(child))
-    return model

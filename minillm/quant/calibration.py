@@ -46,6 +46,15 @@ def calibration_windows(tokenizer, num_windows: int = 128, window: int = 512,
     return torch.stack([stream[s:s + window] for s in starts.tolist()])
 
 
+def check_windows(windows: torch.Tensor) -> None:
+    """Calibration inputs must be a non-empty LongTensor [num_windows, seq] of token ids."""
+    if not isinstance(windows, torch.Tensor) or windows.ndim != 2 \
+            or windows.dtype != torch.long or windows.numel() == 0:
+        raise ValueError("windows must be a non-empty LongTensor [num_windows, seq] of token "
+                         "ids, e.g. calibration_windows(tokenizer, 16, 512) from "
+                         "minillm.quant.calibration")
+
+
 @dataclass
 class BlockInputs:
     """The hidden states entering one block for every calibration window, and how to run it."""
@@ -76,6 +85,21 @@ class BlockInputs:
         finally:
             for handle in handles:
                 handle.remove()
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """How well one layer was quantized, judged on calibration inputs: the mean squared
+    output error ||Wx - Ŵx||² with the method, and with plain round to nearest.
+
+    GPTQ and AWQ both fill a ``report`` dict with these, keyed like ``"layers.3.mlp.up_proj"``.
+    For AWQ the error is the scale search's (before clipping), and ``alpha`` is the scale
+    exponent chosen for the layer's input group; other methods leave it ``None``.
+    """
+
+    error: float
+    rtn_error: float
+    alpha: float | None = None
 
 
 def linear_layers(module: nn.Module) -> dict[str, nn.Module]:

@@ -47,7 +47,7 @@ class CompactEmbedding(nn.Module):
         rows = self.table[ids].float()
         return rows if self.scales is None else rows * self.scales[ids].float()
 
-    def dequantized_weight(self) -> torch.Tensor:
+    def dense_weight(self) -> torch.Tensor:
         """The whole table in fp32, [vocab, hidden]."""
         return self.rows(torch.arange(self.table.shape[0], device=self.table.device))
 
@@ -61,9 +61,13 @@ class TiedLMHead(nn.Module):
     def __init__(self, embedding: CompactEmbedding):
         super().__init__()
         self.embedding = embedding
+        self.out_features, self.in_features = embedding.table.shape
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.embedding.dense_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.embedding.dequantized_weight().to(x.dtype))
+        return F.linear(x, self.dense_weight().to(x.dtype))
 
 
 def compact_embedding(model: nn.Module, fmt: str = "int8") -> nn.Module:

@@ -16,10 +16,10 @@ smaller rows never overflow either, but their top value lands a little below 448
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .basic import half_rounded_up, replace_linears
+from ..linear import DEFAULT_SKIP, CompressedLinear, replace_linears
+from .basic import half_rounded_up
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
@@ -38,29 +38,24 @@ def dequantize_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return values.float() * scales.float()[:, None]
 
 
-class FP8Linear(nn.Module):
+class FP8Linear(CompressedLinear):
     """A linear layer stored as FP8 E4M3 (1 byte per weight) plus an fp16 scale per row."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
+        super().__init__(weight.shape[1], weight.shape[0], bias)
         values, scales = quantize_fp8(weight)
         self.register_buffer("values", values)
         self.register_buffer("scales", scales)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
-                                                           requires_grad=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> FP8Linear:
         return cls(linear.weight, linear.bias)
 
-    def dequantized_weight(self) -> torch.Tensor:
+    def dense_weight(self) -> torch.Tensor:
         return dequantize_fp8(self.values, self.scales)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 
-
-def quantize_model_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
+def quantize_model_fp8(model: nn.Module, *, skip: tuple[str, ...] = DEFAULT_SKIP,
+                       progress: bool = False) -> nn.Module:
     """Replace the model's ``nn.Linear`` layers (except ``skip``) by :class:`FP8Linear`."""
-    return replace_linears(model, FP8Linear.from_linear, skip)
+    return replace_linears(model, FP8Linear.from_linear, skip, progress="FP8" if progress else None)

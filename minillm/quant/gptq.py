@@ -54,14 +54,15 @@ with ``act_order=True`` closed about half of RTN's perplexity gap (notebook 07).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import torch
 from torch import nn
 
+from ..linear import DEFAULT_SKIP, is_skipped
 from .basic import Quantized, QuantScheme, _grouped, _ungrouped, quantize
-from .calibration import BlockInputs, blocks_with_inputs
+from .calibration import BlockInputs, LayerReport, blocks_with_inputs, check_windows
 from .qlinear import QuantLinear
 
 ColumnStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # see gptq_column_step
@@ -285,32 +286,27 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
-@dataclass
-class LayerObjective:
-    """A layer's objective (mean ||Wx - Ŵx||² over calibration tokens) with GPTQ and RTN."""
-
-    gptq: float
-    rtn: float
-
-
-def quantize_model_gptq(model: nn.Module, windows: torch.Tensor, scheme: QuantScheme, *,
-                        block_size: int = 128, damp: float = 0.1, act_order: bool = True,
-                        batch_size: int = 8, progress: bool = True,
-                        report: dict[str, LayerObjective] | None = None) -> nn.Module:
-    """Quantize every linear layer of ``model``'s blocks with GPTQ, in place (lm_head kept).
+def quantize_model_gptq(model: nn.Module, scheme: QuantScheme, *, windows: torch.Tensor,
+                        skip: tuple[str, ...] = DEFAULT_SKIP, block_size: int = 128,
+                        damp: float = 0.1, act_order: bool = True, batch_size: int = 8,
+                        progress: bool = True,
+                        report: dict[str, LayerReport] | None = None) -> nn.Module:
+    """Quantize every linear layer of ``model``'s blocks with GPTQ, in place.
 
     ``windows`` [n, seq] are calibration tokens (``calibration_windows``). Blocks are done
     in order, each calibrated on the outputs of the already quantized blocks before it.
+    Layers whose name (``"layers.3.mlp.up_proj"``) contains a ``skip`` entry stay float.
     Pass a dict as ``report`` to get each layer's objective with GPTQ and with RTN.
     The defaults ``damp=0.1, act_order=True`` are the setting measured best on SmolLM2
     (notebook 07); the paper's ``damp=0.01`` in column order overfits a few windows.
     """
-    if windows.ndim != 2 or windows.dtype != torch.long:
-        raise ValueError("windows must be a LongTensor [num_windows, seq] of token ids, "
-                         "e.g. from minillm.quant.calibration.calibration_windows")
+    check_windows(windows)
     for index, block, inputs in blocks_with_inputs(model, windows, batch_size, progress,
                                                    desc="GPTQ"):
         for names, hessian in collect_hessians(block, inputs):
+            names = [n for n in names if not is_skipped(f"layers.{index}.{n}", skip)]
+            if not names:
+                continue
             weight = stacked_weight(block, names)  # rows are independent: one matrix per H
             quantized = gptq_quantize_weight(weight, hessian, scheme, block_size, damp,
                                              act_order)
@@ -332,8 +328,7 @@ def install_quantized(module: nn.Module, names: list[str], quantized: Quantized)
     layers = [module.get_submodule(name) for name in names]
     parts = _split_rows(quantized, [layer.out_features for layer in layers])
     for name, layer, part in zip(names, layers, parts, strict=True):
-        parent, _, child = name.rpartition(".")
-        setattr(module.get_submodule(parent), child, QuantLinear(part, layer.bias))
+        module.set_submodule(name, QuantLinear(part, layer.bias))
 
 
 def _split_rows(quantized: Quantized, sizes: list[int]) -> list[Quantized]:
@@ -343,12 +338,12 @@ def _split_rows(quantized: Quantized, sizes: list[int]) -> list[Quantized]:
 
 
 def _objectives(prefix: str, module: nn.Module, names: list[str], quantized: Quantized,
-                hessian: torch.Tensor) -> dict[str, LayerObjective]:
+                hessian: torch.Tensor) -> dict[str, LayerReport]:
     """Each layer's objective with its rows of the stacked GPTQ result and with round to
     nearest (call before :func:`install_quantized` replaces the float layers)."""
     weights = [module.get_submodule(name).weight.detach() for name in names]
     gptq_rows = quantized.dequantize().split([len(w) for w in weights])
-    return {f"{prefix}.{name}": LayerObjective(
-                gptq=layer_objective(w, rows, hessian),
-                rtn=layer_objective(w, quantize(w, quantized.scheme).dequantize(), hessian))
+    return {f"{prefix}.{name}": LayerReport(
+                error=layer_objective(w, rows, hessian),
+                rtn_error=layer_objective(w, quantize(w, quantized.scheme).dequantize(), hessian))
             for name, w, rows in zip(names, weights, gptq_rows, strict=True)}

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .basic import half_rounded_up, replace_linears
+from ..linear import DEFAULT_SKIP, CompressedLinear, replace_linears
+from .basic import half_rounded_up
 
 DEFAULT_THRESHOLD = 6.0  # the paper's outlier magnitude (§3.2)
 _EXACT_CHUNK = 2**24 // 127**2  # int8 dot products of this length are exact in fp32
@@ -78,32 +79,32 @@ def llm_int8_matmul(x: torch.Tensor, weight_codes: torch.Tensor, weight_scales: 
     return y.to(x.dtype)
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(CompressedLinear):
     """A linear layer with an int8 weight (per-output-channel fp16 scales) that multiplies
     int8 activations, keeping outlier feature dimensions in high precision (LLM.int8())."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  threshold: float | None = DEFAULT_THRESHOLD):
-        super().__init__()
+        super().__init__(weight.shape[1], weight.shape[0], bias)
         if threshold is not None and threshold <= 0:
             raise ValueError(f"threshold must be positive (or None for plain W8A8), "
                              f"got {threshold}")
-        self.out_features, self.in_features = weight.shape
         self.threshold = threshold
         weight = weight.detach().float()
         scales = half_rounded_up(weight.abs().amax(dim=1).clamp(min=1e-12) / 127)
         codes = torch.round(weight / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
         self.register_buffer("weight_codes", codes)
         self.register_buffer("weight_scales", scales)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
-                                                           requires_grad=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear,
                     threshold: float | None = DEFAULT_THRESHOLD) -> Int8Linear:
         return cls(linear.weight, linear.bias, threshold)
 
-    def dequantized_weight(self) -> torch.Tensor:
+    def format_config(self) -> dict:
+        return {"threshold": self.threshold}
+
+    def dense_weight(self) -> torch.Tensor:
         return self.weight_codes.float() * self.weight_scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,8 +114,10 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
-def quantize_model_llm_int8(model: nn.Module, threshold: float | None = DEFAULT_THRESHOLD,
-                            skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
+def quantize_model_llm_int8(model: nn.Module, *,
+                            threshold: float | None = DEFAULT_THRESHOLD,
+                            skip: tuple[str, ...] = DEFAULT_SKIP,
+                            progress: bool = False) -> nn.Module:
     """Replace the model's ``nn.Linear`` layers (except ``skip``) by :class:`Int8Linear`."""
     return replace_linears(model, lambda linear: Int8Linear.from_linear(linear, threshold),
-                           skip)
+                           skip, progress="LLM.int8" if progress else None)

