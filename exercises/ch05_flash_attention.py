@@ -15,24 +15,34 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,
                           scores: torch.Tensor, v_block: torch.Tensor):
     """Exercise 05.1: Fold one block of scores into the running softmax state.
 
-    m, l: [rows] running max and running sum of exp(score - m); acc: [rows, d] running sum of
-    exp(score - m) * v. scores: [rows, block] (may contain -inf); v_block: [block, d].
+    m, l: [..., rows] running max and running sum of exp(score - m); acc: [..., rows, d]
+    running sum of exp(score - m) * v. scores: [..., rows, block] (may contain -inf);
+    v_block: [..., block, d]. The leading dimensions (batch, heads) just come along.
     Returns the new (m, l, acc). After the last block, acc / l is softmax(all scores) @ V.
     Hint: m' = max(m, rowmax(scores)); everything accumulated so far is multiplied by
-    exp(m - m'). Guard rows where m' is still -inf (exp(-inf - -inf) is nan).
+    exp(m - m'). Guard rows where m' is still -inf (exp(-inf - -inf) is nan). Index with
+    [..., None] rather than [:, None] so any leading dimensions work.
     """
     raise NotImplementedError("Exercise 05.1: Fold one block of scores into the running softmax state")
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    block_size: int = 16) -> torch.Tensor:
-    """Exercise 05.2: Single-head attention that never builds the [n_q, n_k] score matrix.
+                    block_size: int = 16, causal: bool = False) -> torch.Tensor:
+    """Exercise 05.2: Attention that never builds the whole [n_q, n_k] score matrix.
 
-    q: [n_q, d]; k, v: [n_k, d] (no mask). Walk over key/value blocks of block_size rows,
-    compute that block's scores q @ k_blockᵀ / √d, and fold it in with online_softmax_update.
-    Returns softmax(q kᵀ / √d) v, [n_q, d]. n_k need not be a multiple of block_size.
+    q: [..., n_q, d]; k, v: [..., n_k, d]. The leading dimensions broadcast as in a matmul:
+    [batch, heads] for q, k and v alike, or q [batch, kv_heads, groups, n_q, d] with
+    k, v [batch, kv_heads, 1, n_k, d] for grouped-query attention without copies.
+    Walk over key/value blocks of block_size rows (n_k need not be a multiple of it):
+    compute the block's scores q @ k_blockᵀ / √d and fold them in with
+    online_softmax_update. Returns softmax(q kᵀ / √d) v, [..., n_q, d].
+    causal=True: the queries are the LAST n_q of the n_k positions, so query i sits at
+    position n_k - n_q + i and sees keys 0 .. n_k - n_q + i; the others' scores are -inf.
+    A prefill has n_q = n_k (the usual triangle), a decode step with a KV cache n_q = 1
+    (every key visible): one function serves both, as an engine's attention backend.
+    Hint: compare a column of query positions with the row of this block's key positions.
     """
-    raise NotImplementedError("Exercise 05.2: Single-head attention that never builds the [n_q, n_k] score matrix")
+    raise NotImplementedError("Exercise 05.2: Attention that never builds the whole [n_q, n_k] score matrix")
 
 
 @triton.jit

@@ -5,17 +5,22 @@ from __future__ import annotations
 import torch
 
 
-def absmax_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def absmax_quantize(x: torch.Tensor, bits: int,
+                    clip_ratio: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 06.1: Absmax (symmetric) quantization of a whole tensor to b-bit integers.
 
-    Δ = max|x| / (2^(b-1) - 1) and q = round(x / Δ), clamped to [-(2^(b-1) - 1), 2^(b-1) - 1].
+    Δ = clip_ratio · max|x| / (2^(b-1) - 1) and q = round(x / Δ), clamped to the symmetric
+    range [-(2^(b-1) - 1), 2^(b-1) - 1] (not down to -2^(b-1): -x must dequantize to the
+    negative of x). clip_ratio < 1 clips: the largest |x| saturate at the end codes and
+    every other value gets a finer grid (the library's QuantScheme.clip_ratio).
     Returns (codes as int8, shaped like x; Δ as a 0-d float32 tensor).
-    An all-zero x must not divide by zero: use max(max|x|, 1e-12) in Δ (codes are then 0).
+    An all-zero x must not divide by zero: use max(clip_ratio · max|x|, 1e-12) in Δ
+    (codes are then 0).
     Hint: torch.round rounds halves to even, as the library does.
     """
     ### BEGIN SOLUTION
     q_max = 2 ** (bits - 1) - 1
-    scale = x.abs().max().float().clamp(min=1e-12) / q_max
+    scale = (x.abs().max().float() * clip_ratio).clamp(min=1e-12) / q_max
     codes = torch.clamp(torch.round(x.float() / scale), -q_max, q_max)
     return codes.to(torch.int8), scale
     ### END SOLUTION
@@ -31,20 +36,21 @@ def absmax_dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-def zeropoint_quantize(x: torch.Tensor, bits: int
+def zeropoint_quantize(x: torch.Tensor, bits: int, clip_ratio: float = 1.0
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exercise 06.2: Zero-point (asymmetric) quantization of a whole tensor to b bits.
 
-    Δ = max(max x - min x, 1e-12 × (2^b - 1)) / (2^b - 1) (so a constant tensor does not
-    divide by zero), z = round(-min x / Δ), q = round(x / Δ) + z clamped to [0, 2^b - 1].
-    Returns (codes as uint8, shaped like x; Δ; z), Δ and z as 0-d float32 tensors.
-    The zero point is not clamped: an all-negative tensor gets z > 2^b - 1, and its grid
-    still covers [min x, max x].
+    With low = clip_ratio · min x and high = clip_ratio · max x (clip_ratio < 1 clips,
+    as in 06.1): Δ = max(high - low, 1e-12 × (2^b - 1)) / (2^b - 1) (so a constant tensor
+    does not divide by zero), z = round(-low / Δ), q = round(x / Δ) + z clamped to
+    [0, 2^b - 1]. Returns (codes as uint8, shaped like x; Δ; z), Δ and z as 0-d float32
+    tensors. The zero point is not clamped: an all-negative tensor gets z > 2^b - 1, and
+    its grid still covers [low, high].
     """
     ### BEGIN SOLUTION
     q_max = 2**bits - 1
     x = x.float()
-    low, high = x.min(), x.max()
+    low, high = x.min() * clip_ratio, x.max() * clip_ratio
     scale = ((high - low) / q_max).clamp(min=1e-12)
     zero = torch.round(-low / scale)
     codes = torch.clamp(torch.round(x / scale) + zero, 0, q_max)

@@ -41,16 +41,14 @@ def load_impl(module: str, impl: str | None = None):
     mutant ``name``; other modules are then the plain solutions.
     """
     impl = check_impl(impl or current_impl())
-    if impl.startswith("mutant:"):
-        from .mutants import find_mutant, mutated_solution
-
-        _, mutated_module, name = impl.split(":")
-        if mutated_module == module:
-            return mutated_solution(find_mutant(module, name))
-        impl = "solutions"
-    if not (REPO_ROOT / impl).is_dir():
-        raise FileNotFoundError(f"{REPO_ROOT / impl} not found: grading runs from a clone of "
-                                "the course repository.")
+    folder = "exercises" if impl == "exercises" else "solutions"
+    if not (REPO_ROOT / folder).is_dir():
+        raise FileNotFoundError(f"{REPO_ROOT / folder} not found: grading runs from a clone "
+                                "of the course repository.")
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module(f"{impl}.{module}")
+    if impl.startswith("mutant:") and impl.split(":")[1] == module:
+        from .mutants import find_mutant, mutated_solution
+
+        return mutated_solution(find_mutant(module, impl.split(":")[2]))
+    return importlib.import_module(f"{folder}.{module}")

@@ -52,9 +52,10 @@ def run_graded_tests(chapter: str | None = None, impl: str = "exercises",
 
 
 def _run_pytest(files: list[Path], options: list[str], report_option: str, impl: str,
-                timeout: float, root: Path):
+                timeout: float, root: Path, exit_codes: tuple[int, ...] | None = None):
     """Run pytest on ``files`` in a subprocess; returns what the plugin wrote to
-    ``--<report_option>-report``."""
+    ``--<report_option>-report``. With ``exit_codes``, any other exit status of pytest (a
+    collection error, say) raises GradingError."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pytest", *map(str, files), "-q", *options,
@@ -62,7 +63,7 @@ def _run_pytest(files: list[Path], options: list[str], report_option: str, impl:
                "-p", "no:cacheprovider", "-W", "ignore"]
         done = subprocess.run(cmd, cwd=root, capture_output=True, text=True,
                               env={**os.environ, "MINILLM_IMPL": impl})
-        if not report.exists():
+        if not report.exists() or (exit_codes and done.returncode not in exit_codes):
             raise GradingError("the graded tests did not run:\n" + done.stdout[-2000:]
                                + done.stderr[-2000:])
         return json.loads(report.read_text())
@@ -120,7 +121,8 @@ def run_mutants(chapter: str | None = None, workers: int | None = None, timeout:
         mutants = find_mutants(test_file.stem.removeprefix("test_"), mutants_dir, root)
         if not mutants:
             return []
-        report = _run_pytest([test_file], options, "mutant", "solutions", timeout, root)
+        report = _run_pytest([test_file], options, "mutant", "solutions", timeout, root,
+                             exit_codes=(0, 1))  # tests passed or failed, nothing else
         return [{"module": m.module, "name": m.name, "exercise": m.exercise,
                  "mistake": m.mistake, **report.get(m.name, {"tests": 0, "killed_by": None})}
                 for m in mutants]

@@ -34,8 +34,11 @@ def test_accumulate_hessian_matches_the_library(sizes):
         hessian, seen = impl.accumulate_hessian(hessian, seen, chunk)
         library.add(chunk)
     assert seen == library.num_samples == 512
-    torch.testing.assert_close(hessian.double(), library.hessian, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(hessian.double(), 2 * x.T @ x / 512, rtol=1e-5, atol=1e-5)
+    assert hessian.dtype == torch.float64
+    torch.testing.assert_close(hessian, library.hessian, rtol=1e-5, atol=1e-5)
+    exact = 2 * x.float().double().T @ x.float().double() / 512  # the inputs seen, in float64
+    torch.testing.assert_close(hessian, exact, rtol=1e-10, atol=1e-10,
+                               msg="accumulate in float64: float32 products lose digits")
 
 
 @pytest.mark.exercise("07.2", points=1)

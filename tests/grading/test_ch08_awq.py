@@ -60,6 +60,15 @@ def test_search_scales_floors_dead_channels():
     torch.testing.assert_close(scales, reference.scales)
 
 
+@pytest.mark.exercise("08.2", points=1)
+def test_search_scales_keeps_the_first_of_equal_errors():
+    """A quantizer that zeroes every weight makes every alpha equally bad: keep alpha = 0."""
+    weight, x = planted(seed=6)
+    scales, alpha = impl.search_scales(weight, x, torch.zeros_like, grid=10)
+    assert alpha == 0
+    torch.testing.assert_close(scales, torch.ones_like(scales))
+
+
 @pytest.mark.exercise("08.3", points=1)
 def test_fold_scales_leaves_the_outputs_unchanged():
     g = torch.Generator().manual_seed(3)
