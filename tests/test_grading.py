@@ -1,4 +1,5 @@
-"""The grading machinery itself: stub generation, the grader's table, hostile student code."""
+"""The grading machinery itself: stub generation, the grader's table, hostile student code,
+and the mutants that prove the graded tests catch wrong answers."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import textwrap
 
 import pytest
 
+from minillm.grading import load_impl
 from minillm.grading.exercises import make_exercise
-from minillm.grading.grade import run_graded_tests, score_table
+from minillm.grading.grade import mutant_summary, run_graded_tests, run_mutants, score_table
+from minillm.grading.mutants import find_mutants
 
 SOLUTION = textwrap.dedent('''
     import math
@@ -118,3 +121,82 @@ def test_grader_reports_a_syntax_error_readably(tmp_path):
     results = run_graded_tests("99", root=fake_course(tmp_path, "def good(x) return x\n"))
     assert len(results) == 1 and results[0]["test"] == "(import)"
     assert "SyntaxError" in results[0]["reason"] or "invalid syntax" in results[0]["reason"]
+
+
+MUTANTS = textwrap.dedent('''
+    import torch
+
+
+    def magnitude_mask__same_as_solution(weight, sparsity):
+        """Not a mistake at all: the solution's own code, so no graded test can fail."""
+        num_pruned = round(sparsity * weight.numel())
+        smallest_first = weight.abs().flatten().sort(stable=True).indices
+        mask = torch.ones(weight.numel(), dtype=torch.bool)
+        mask[smallest_first[:num_pruned]] = False
+        return mask.reshape(weight.shape)
+
+
+    def magnitude_mask__endless_loop(weight, sparsity):
+        """Never returns."""
+        while True:
+            pass
+
+
+    def mask_2_4__keeps_everything(weight):
+        """Prunes nothing."""
+        return torch.ones_like(weight, dtype=torch.bool)
+
+
+    def helper_without_double_underscore():
+        return 1
+''')
+
+
+def test_check_mutants_reports_survivors_timeouts_and_too_few_mutants(tmp_path):
+    (tmp_path / "ch09_sparsity.py").write_text(MUTANTS)
+    results = run_mutants("9", timeout=3, mutants_dir=tmp_path)
+    outcome = {r["name"]: r for r in results}
+    assert set(outcome) == {"magnitude_mask__same_as_solution", "magnitude_mask__endless_loop",
+                            "mask_2_4__keeps_everything"}
+    assert outcome["magnitude_mask__same_as_solution"]["killed_by"] is None
+    assert outcome["magnitude_mask__same_as_solution"]["tests"] > 0
+    assert "Timeout" in outcome["magnitude_mask__endless_loop"]["killed_by"]
+    assert outcome["mask_2_4__keeps_everything"]["exercise"] == "09.2"
+    assert outcome["mask_2_4__keeps_everything"]["killed_by"]
+
+    lines, ok = mutant_summary(results, ["09.1", "09.2", "09.3"])
+    assert not ok
+    assert lines[0].startswith("SURVIVES 09.1 ch09_sparsity.magnitude_mask__same_as_solution")
+    assert "TOO FEW MUTANTS 09.2: 1" in lines[1] and "TOO FEW MUTANTS 09.3: 0" in lines[2]
+    assert lines[-1] == "mutants killed: 2 of 3 (>= 2 per exercise: no)"
+
+
+def test_mutant_summary_passes_when_every_mutant_is_killed():
+    results = [{"module": "ch99_demo", "name": f"area__{i}", "exercise": "99.1",
+                "mistake": "wrong", "tests": 1, "killed_by": "test_area: assert False"}
+               for i in range(2)]
+    assert mutant_summary(results, ["99.1"]) == (
+        ["mutants killed: 2 of 2 (>= 2 per exercise: yes)"], True)
+
+
+def test_a_mutant_impl_replaces_one_function_in_a_copy_of_the_solutions():
+    solutions = load_impl("ch09_sparsity", "solutions")
+    mutated = load_impl("ch09_sparsity", "mutant:ch09_sparsity:mask_2_4__stable_sort")
+    assert mutated is not solutions and mutated.mask_2_4.__name__ == "mask_2_4__stable_sort"
+    assert mutated.magnitude_mask.__name__ == "magnitude_mask", "the rest is the solution"
+    assert solutions.mask_2_4.__name__ == "mask_2_4", "the solutions module is left alone"
+    other = load_impl("ch01_anatomy", "mutant:ch09_sparsity:mask_2_4__stable_sort")
+    assert other is load_impl("ch01_anatomy", "solutions")
+    with pytest.raises(ValueError, match="no mutant"):
+        load_impl("ch09_sparsity", "mutant:ch09_sparsity:not_a_mutant")
+    with pytest.raises(ValueError, match="mutant:chNN_topic:name"):
+        load_impl("ch09_sparsity", "solution")
+
+
+def test_mutants_must_name_an_exercise_function_and_their_mistake(tmp_path):
+    (tmp_path / "ch09_sparsity.py").write_text('def not_a_function__typo(w):\n    """x"""\n')
+    with pytest.raises(ValueError, match="not an exercise"):
+        find_mutants("ch09_sparsity", tmp_path)
+    (tmp_path / "ch09_sparsity.py").write_text("def mask_2_4__no_docstring(w):\n    return w\n")
+    with pytest.raises(ValueError, match="docstring"):
+        find_mutants("ch09_sparsity", tmp_path)
