@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+SITE   := book/_build/html
 
 .PHONY: setup fetch course test exercises notebooks nbval book browser-test bench clean
 
@@ -16,15 +17,21 @@ setup: $(BIN)/minillm  ## virtual environment with minillm and its tools
 fetch: setup  ## the course model and corpora into $MINILLM_HOME (once)
 	$(BIN)/minillm fetch
 
-course: fetch  ## the main job: fetch, check every notebook against its stored outputs, build the book
+course: fetch  ## the quick start: set up, fetch, one generation with the engine, the website
 	$(BIN)/minillm generate "What is a KV cache? Answer in one sentence." --chat --max-new-tokens 60
-	$(MAKE) nbval book
+	@$(MAKE) --no-print-directory book
+	@echo ""
+	@echo "Ready. Work through the chapters in JupyterLab:"
+	@echo "    $(BIN)/jupyter lab notebooks/"
+	@echo "Read the course website: open $(CURDIR)/$(SITE)/index.html in a browser, or serve it"
+	@echo "    $(BIN)/python -m http.server -d $(SITE)      (then http://localhost:8000)"
 
 test: fetch  ## every test CI runs
 	$(BIN)/ruff check minillm kernels tests benchmarks solutions exercises
 	$(BIN)/python -m minillm.grading.exercises --check
 	$(BIN)/pytest -n 2 --dist loadfile -q --impl=solutions --ignore=tests/browser
 	$(BIN)/minillm grade --check-honesty --workers 2
+	$(BIN)/minillm grade --check-mutants --workers 2
 	$(MAKE) nbval book browser-test
 
 exercises: setup  ## regenerate exercises/ from solutions/
@@ -37,12 +44,12 @@ nbval: fetch  ## strict check of every notebook against its stored outputs
 	$(BIN)/pytest --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 	  -n 2 --dist loadfile -q -p no:cacheprovider
 
-book: setup  ## the course website in book/_build/html (stored outputs, no execution)
+book: setup  ## the course website in book/_build/html (stored outputs, no execution; seconds)
 	$(BIN)/jupyter-book build book/ --warningiserror --quiet
 
-browser-test: book  ## open the built site in headless Chromium
+browser-test: book  ## check the built site: HTML, links, and every page in headless Chromium
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
-	$(BIN)/pytest -q tests/browser -p no:cacheprovider
+	$(BIN)/pytest -q tests/browser -p no:cacheprovider -n 2 --dist load
 
 bench: fetch  ## decode benchmark table (docs/benchmarks.md)
 	$(BIN)/python benchmarks/decode.py
