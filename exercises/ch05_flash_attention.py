@@ -37,10 +37,12 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     compute the block's scores q @ k_blockᵀ / √d and fold them in with
     online_softmax_update. Returns softmax(q kᵀ / √d) v, [..., n_q, d].
     causal=True: the queries are the LAST n_q of the n_k positions, so query i sits at
-    position n_k - n_q + i and sees keys 0 .. n_k - n_q + i; the others' scores are -inf.
+    position n_k - n_q + i and sees keys 0 .. n_k - n_q + i; later keys get score -inf.
     A prefill has n_q = n_k (the usual triangle), a decode step with a KV cache n_q = 1
     (every key visible): one function serves both, as an engine's attention backend.
-    Hint: compare a column of query positions with the row of this block's key positions.
+    Hint: start from m = -inf and l = 0 shaped q.shape[:-1], acc = 0 shaped like the
+    output; the answer is acc / l. For the mask, compare a column of query positions
+    with the row of this block's key positions.
     """
     raise NotImplementedError("Exercise 05.2: Attention that never builds the whole [n_q, n_k] score matrix")
 
