@@ -111,25 +111,26 @@ def run_mutants(chapter: str | None = None, workers: int | None = None, timeout:
     """Grade every mutant of the chapter(s); one dict per mutant: module, name, exercise,
     mistake, tests (how many graded tests it ran), killed_by (its first failure, or None).
 
-    One pytest subprocess per chapter tries each of its mutants in turn
-    (:mod:`.mutant_plugin`); ``workers`` chapters run at the same time.
+    Each of the ``workers`` pytest subprocesses takes a share of the chapters and tries
+    their mutants in turn (:mod:`.mutant_plugin`): torch is imported once per worker.
     """
     files = graded_files(chapter, root)
+    mutants = [m for test_file in files
+               for m in find_mutants(test_file.stem.removeprefix("test_"), mutants_dir, root)]
     options = ["-p", "minillm.grading.mutant_plugin", f"--mutants-dir={mutants_dir}"]
+    workers = workers or 1
 
-    def run_chapter(test_file: Path) -> list[dict]:
-        mutants = find_mutants(test_file.stem.removeprefix("test_"), mutants_dir, root)
-        if not mutants:
-            return []
-        report = _run_pytest([test_file], options, "mutant", "solutions", timeout, root,
-                             exit_codes=(0, 1))  # tests passed or failed, nothing else
-        return [{"module": m.module, "name": m.name, "exercise": m.exercise,
-                 "mistake": m.mistake, **report.get(m.name, {"tests": 0, "killed_by": None})}
-                for m in mutants]
+    def run_share(share: list[Path]) -> dict:
+        return _run_pytest(share, options, "mutant", "solutions", timeout, root,
+                           exit_codes=(0, 1, 5))  # passed, failed, or no test to run
 
-    with ThreadPoolExecutor(max_workers=workers or 1) as pool:
-        return [result for chapter_results in pool.map(run_chapter, files)
-                for result in chapter_results]
+    reports = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for report in pool.map(run_share, [files[i::workers] for i in range(workers)]):
+            reports.update(report)
+    return [{"module": m.module, "name": m.name, "exercise": m.exercise, "mistake": m.mistake,
+             **reports.get(f"{m.module}.{m.name}", {"tests": 0, "killed_by": None})}
+            for m in mutants]
 
 
 def mutant_summary(results: list[dict], exercises: list[str]) -> tuple[list[str], bool]:

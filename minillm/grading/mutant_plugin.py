@@ -1,11 +1,11 @@
 """A pytest plugin that runs every mutant against the graded tests of its exercise.
 
 Loaded by ``minillm grade --check-mutants`` with ``-p minillm.grading.mutant_plugin
---mutant-report=FILE`` on one chapter's graded test file, with ``MINILLM_IMPL=solutions``.
-Each graded test is parametrized with the mutants of its exercise, and each mutant
-replaces one function of the solutions module while its test runs, so one pytest
-process tries all the mutants of a chapter. A mutant that fails a test is *killed*
-and its remaining tests are skipped. The report lists, per mutant, the number of tests it
+--mutant-report=FILE`` on graded test files, with ``MINILLM_IMPL=solutions``. Each graded
+test is parametrized with the mutants of its exercise, and each mutant replaces one
+function of the solutions module while its test runs, so one pytest process tries all
+the mutants of several chapters. A mutant that fails a test is *killed* and its remaining
+tests are skipped. The report lists, per mutant ("module.name"), the number of tests it
 ran and the first failure (null if it survived).
 """
 
@@ -19,7 +19,7 @@ import pytest
 from . import load_impl
 from .mutants import MUTANTS_DIR, find_mutants, mutant_function
 
-_results: dict[str, dict] = {}  # mutant name -> {"tests": n, "killed_by": str | None}
+_results: dict[str, dict] = {}  # "module.name" -> {"tests": n, "killed_by": str | None}
 
 
 def pytest_addoption(parser):
@@ -45,6 +45,10 @@ def _mutant(item):
     return callspec.params.get("mutant") if callspec else None
 
 
+def _key(mutant) -> str:
+    return f"{mutant.module}.{mutant.name}"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """The mutant replaces its solution function while its test runs (setup to teardown)."""
@@ -62,20 +66,20 @@ def pytest_collection_modifyitems(config, items):
     config.hook.pytest_deselected(items=[item for item in items if not _mutant(item)])
     items[:] = [item for item in items if _mutant(item)]
     for item in items:
-        item.user_properties.append(("mutant", _mutant(item).name))
-        _results.setdefault(_mutant(item).name, {"tests": 0, "killed_by": None})
+        item.user_properties.append(("mutant", _key(_mutant(item))))
+        _results.setdefault(_key(_mutant(item)), {"tests": 0, "killed_by": None})
 
 
 def pytest_runtest_setup(item):
-    if _results[_mutant(item).name]["killed_by"]:
+    if _results[_key(_mutant(item))]["killed_by"]:
         pytest.skip("this mutant is already killed")
 
 
 def pytest_runtest_logreport(report):
-    name = dict(report.user_properties).get("mutant")
-    if name is None or report.skipped:
+    key = dict(report.user_properties).get("mutant")
+    if key is None or report.skipped:
         return
-    result = _results[name]
+    result = _results[key]
     result["tests"] += report.when == "call"
     if report.failed and not result["killed_by"]:
         crash = getattr(report.longrepr, "reprcrash", None)
