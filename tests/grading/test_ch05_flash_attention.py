@@ -94,6 +94,22 @@ def test_tiled_attention_causal_queries_are_the_last_positions(n_q, n_k, block):
 
 
 @pytest.mark.exercise("05.2", points=1)
+def test_tiled_attention_folds_one_block_of_keys_at_a_time(monkeypatch):
+    """The point of tiling: scores are made block by block, never all n_k at once."""
+    widths = []
+
+    def counting_update(m, l, acc, scores, v_block):
+        widths.append(scores.shape[-1])
+        return online_softmax_step(m, l, acc, scores, v_block)
+
+    monkeypatch.setattr(impl, "online_softmax_update", counting_update)
+    q, k, v = randn(2, 3, 6, 16, seed=1), randn(2, 3, 37, 16, seed=2), randn(2, 3, 37, 16)
+    out = impl.tiled_attention(q, k, v, 16, causal=True)
+    torch.testing.assert_close(out, causal_reference(q, k, v))
+    assert widths == [16, 16, 5], "one online_softmax_update per block of keys"
+
+
+@pytest.mark.exercise("05.2", points=1)
 def test_tiled_attention_broadcasts_one_kv_head_over_its_query_group():
     """GQA without copies: q [b, kv_heads, groups, n_q, d] with k, v [b, kv_heads, 1, n_k, d]."""
     q = randn(2, 6, 9, 16, seed=3)
