@@ -10,6 +10,12 @@ A model has a finite context, so long text is cut into windows of ``window`` tok
 
 ``attention_window`` restricts attention inside each window to the last that-many
 tokens (what a sliding-window KV cache does), to measure what the window costs.
+
+Perplexity depends on the text *and* on how it is cut: which documents, how long the
+windows, how much they overlap. Two numbers are comparable only when all of these agree, so
+the course measures every model on one named :class:`EvalSlice`, :data:`WIKI_EVAL`
+(:data:`WIKI_EVAL_SHORT` where a chapter evaluates many models and needs the time), with
+:func:`evaluate`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .data import load_text
 from .kv_cache import SlidingWindowKVCache
 
 
@@ -104,3 +111,59 @@ def _same_shape_groups(windows: list[Window], batch_size: int) -> list[list[Wind
         else:
             groups.append([w])
     return groups
+
+
+@dataclass(frozen=True)
+class EvalSlice:
+    """A fixed piece of a corpus split that every chapter measures perplexity on.
+
+    The split's text (:func:`minillm.data.load_text`) is tokenized and cut into consecutive
+    windows of ``window`` tokens; the slice keeps ``num_windows`` of them, evenly spaced from
+    the first, so it samples the whole split (every article, not the first one or two) at
+    the cost of a few windows. Windows do not overlap (stride = window): each window's first
+    token is not scored, the other ``window - 1`` are.
+    """
+
+    name: str
+    corpus: str
+    split: str
+    window: int
+    num_windows: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.window * self.num_windows
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.corpus} {self.split} split, {self.num_windows} windows of "
+                f"{self.window} tokens evenly spaced ({self.num_tokens:,} tokens), no overlap")
+
+
+# The course's evaluation: every perplexity of a full model is measured on this slice.
+WIKI_EVAL = EvalSlice("wiki-eval-8x512", "wikipedia", "eval", window=512, num_windows=8)
+# Half of WIKI_EVAL's windows (every second one), for chapters that evaluate many variants.
+WIKI_EVAL_SHORT = EvalSlice("wiki-eval-4x512", "wikipedia", "eval", window=512, num_windows=4)
+
+
+def eval_tokens(tokenizer, eval_slice: EvalSlice = WIKI_EVAL) -> torch.Tensor:
+    """The slice's tokens, its windows one after another: a LongTensor [num_windows * window].
+
+    Window ``i`` is window number ``i * available // num_windows`` of the split, so a slice
+    with half as many windows keeps every second window of the larger one.
+    """
+    tokens = torch.tensor(tokenizer.encode(load_text(eval_slice.corpus, eval_slice.split)))
+    available = len(tokens) // eval_slice.window
+    if available < eval_slice.num_windows:
+        raise ValueError(f"{eval_slice.name} needs {eval_slice.num_windows} windows of "
+                         f"{eval_slice.window} tokens; the split has {available}")
+    windows = tokens[:available * eval_slice.window].view(available, eval_slice.window)
+    picked = [i * available // eval_slice.num_windows for i in range(eval_slice.num_windows)]
+    return windows[picked].flatten()
+
+
+def evaluate(model, tokenizer, eval_slice: EvalSlice = WIKI_EVAL, **options) -> PerplexityResult:
+    """Perplexity of ``model`` on ``eval_slice``: :func:`perplexity` on :func:`eval_tokens`
+    with the slice's window, no overlap. ``options`` go to :func:`perplexity`
+    (``batch_size``, ``attention_window``, ``progress``)."""
+    return perplexity(model, eval_tokens(tokenizer, eval_slice), window=eval_slice.window,
+                      **options)

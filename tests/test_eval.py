@@ -82,3 +82,78 @@ def test_smaller_attention_window_costs_perplexity(smollm2, tokenizer):
     narrow = perplexity(smollm2, tokens, window=256, attention_window=16,
                         progress=False).perplexity
     assert narrow > full * 1.1
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte: a stand-in tokenizer for the slice tests."""
+
+    def encode(self, text):
+        return list(text.encode())
+
+
+def alphabet(num_tokens: int) -> str:
+    return "".join(chr(ord("a") + i % 26) for i in range(num_tokens))
+
+
+@pytest.fixture
+def split_text(monkeypatch):
+    """Call it with a text: every corpus split then reads as that text."""
+    import minillm.eval
+
+    return lambda text: monkeypatch.setattr(minillm.eval, "load_text", lambda corpus, split: text)
+
+
+def test_slice_windows_are_evenly_spaced_and_deterministic(split_text):
+    from minillm.eval import EvalSlice, eval_tokens
+
+    split_text(alphabet(10_000))  # 100 windows of 100 tokens
+    piece = EvalSlice("test-4x100", "wikipedia", "eval", window=100, num_windows=4)
+    tokens = eval_tokens(ByteTokenizer(), piece)
+    assert tokens.shape == (400,) and torch.equal(tokens, eval_tokens(ByteTokenizer(), piece))
+    stream = torch.tensor(ByteTokenizer().encode(alphabet(10_000)))
+    starts = [0, 2500, 5000, 7500]  # windows 0, 25, 50 and 75
+    assert torch.equal(tokens, torch.cat([stream[s:s + 100] for s in starts]))
+
+
+def test_short_slice_is_every_second_window_of_the_full_one(split_text):
+    from minillm.eval import WIKI_EVAL, WIKI_EVAL_SHORT, eval_tokens
+
+    split_text(alphabet(60_000))  # 117 windows of 512 tokens
+    full = eval_tokens(ByteTokenizer(), WIKI_EVAL).view(WIKI_EVAL.num_windows, -1)
+    short = eval_tokens(ByteTokenizer(), WIKI_EVAL_SHORT).view(WIKI_EVAL_SHORT.num_windows, -1)
+    assert WIKI_EVAL_SHORT.window == WIKI_EVAL.window
+    assert torch.equal(short, full[::2])
+
+
+def test_slice_longer_than_the_split_raises(split_text):
+    from minillm.eval import EvalSlice, eval_tokens
+
+    split_text(alphabet(10_000))
+    with pytest.raises(ValueError, match="needs 200 windows of 100 tokens; the split has 100"):
+        eval_tokens(ByteTokenizer(), EvalSlice("big", "wikipedia", "eval", 100, 200))
+
+
+def test_evaluate_is_perplexity_on_the_slice_tokens(tmp_path, split_text):
+    from minillm.eval import EvalSlice, eval_tokens, evaluate
+
+    split_text(alphabet(1_000))
+    model, _ = tiny_pair(tmp_path)
+    piece = EvalSlice("test-3x64", "wikipedia", "eval", window=64, num_windows=3)
+    result = evaluate(model, ByteTokenizer(), piece, progress=False)
+    expected = perplexity(model, eval_tokens(ByteTokenizer(), piece), window=64, progress=False)
+    assert result == expected
+    assert result.num_windows == 3 and result.num_tokens == 3 * 63  # no overlap
+
+
+@pytest.mark.smollm2
+def test_wiki_eval_slice_samples_the_whole_split(tokenizer):
+    from minillm.data import load_text
+    from minillm.eval import WIKI_EVAL, eval_tokens
+
+    tokens = eval_tokens(tokenizer, WIKI_EVAL)
+    stream = torch.tensor(tokenizer.encode(load_text("wikipedia", "eval")))
+    assert tokens.shape == (WIKI_EVAL.num_tokens,)
+    assert torch.equal(tokens[:512], stream[:512])  # the first window opens the split
+    last = (WIKI_EVAL.num_windows - 1) * (len(stream) // 512) // WIKI_EVAL.num_windows
+    assert torch.equal(tokens[-512:], stream[512 * last:512 * (last + 1)])
+    assert 512 * last > 0.8 * len(stream)  # ... and the last one is near its end
