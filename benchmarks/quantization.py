@@ -54,7 +54,7 @@ class Recipe:
     @property
     def calibrated(self) -> bool:
         return (QUANTIZERS[self.method].windows == "required"
-                or self.options.get("method") == "wanda")
+                or self.options.get("prune") == "wanda")
 
     def apply(self, model, windows):
         return quantize_model(model, self.method, self.scheme,
@@ -76,11 +76,11 @@ ROWS: dict[str, tuple[str, Recipe | None]] = {
                  Recipe("llm_int8", options={"threshold": 6.0})),
     "fp8": ("FP8 E4M3 weights, per-channel scale", Recipe("fp8")),
     "sparse24_magnitude": ("2:4 sparsity, magnitude (fp16 values + 2-bit positions)",
-                           Recipe("sparse24", options={"method": "magnitude"})),
+                           Recipe("sparse24", options={"prune": "magnitude"})),
     "sparse24_wanda": ("2:4 sparsity, Wanda (fp16 values + 2-bit positions)",
-                       Recipe("sparse24", options={"method": "wanda"})),
+                       Recipe("sparse24", options={"prune": "wanda"})),
     "sparse24_wanda_int4": ("2:4 sparsity, Wanda, + 4-bit g128 RTN of the kept values",
-                            Recipe("sparse24", G128_4BIT, {"method": "wanda"})),
+                            Recipe("sparse24", G128_4BIT, {"prune": "wanda"})),
 }
 GAP_PAIRS = {"gptq4": "rtn4", "awq4": "rtn4", "gptq3": "rtn3", "awq3": "rtn3"}
 

@@ -13,7 +13,10 @@
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import sys
+import time
 
 from .assets import AssetError
 from .grading import check_impl
@@ -30,30 +33,72 @@ def cmd_fetch(args) -> None:
 
 
 def _load(args):
+    """The model in its fastest CPU layout for decoding, and its tokenizer."""
     from .checkpoint import load_model
+    from .quant.weight_only import to_weight_only
     from .tokenizer import Tokenizer
     from .weight_layout import transpose_linear_weights
 
     model = load_model(args.model, attn_backend=args.backend)
-    return transpose_linear_weights(model), Tokenizer(args.model)
+    return transpose_linear_weights(to_weight_only(model)), Tokenizer(args.model)
+
+
+def _check_generate_options(args) -> None:
+    """Bad options are reported before anything is loaded or printed."""
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty; give some text to continue "
+                         "(or a question, with --chat)")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.window is not None and args.window < 1:
+        raise ValueError(f"--window must be at least 1, got {args.window}")
+
+
+def _should_compile(args, model) -> bool:
+    """--compile / --no-compile, or by default: compile models with compressed weights (their
+    fast decode path is the compiled one) when decoding with a full KV cache."""
+    from .linear import CompressedLinear
+
+    if args.no_cache or args.window is not None:
+        return False
+    if args.compile is not None:
+        return args.compile
+    return any(isinstance(m, CompressedLinear) for m in model.modules())
 
 
 def cmd_generate(args) -> None:
     from .generate import generate_tokens
     from .sampling import SamplingParams
 
+    _check_generate_options(args)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     model, tokenizer = _load(args)
     prompt = tokenizer.chat_prompt(args.prompt) if args.chat else tokenizer.encode(args.prompt)
+    room = model.config.max_position_embeddings - len(prompt)
+    if args.max_new_tokens > room:
+        raise ValueError(f"the prompt takes {len(prompt)} of the model's "
+                         f"{model.config.max_position_embeddings} tokens of context; "
+                         f"use --max-new-tokens {max(room, 0)} or less")
+    compiling = _should_compile(args, model)
+    if compiling:
+        from .assets import minillm_home
+        from .compile import compile_decode
+
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(minillm_home() / "inductor"))
+        model = compile_decode(model)
     stream = generate_tokens(model, prompt, args.max_new_tokens, sampling,
                              use_cache=not args.no_cache, window=args.window,
                              stop_tokens=tokenizer.stop_tokens, pad_id=tokenizer.pad_id)
+    first = next(stream)  # any error of the request comes before the prompt is printed
     if not args.chat:
         print(args.prompt, end="", flush=True)
     new_tokens: list[int] = []
     printed = ""
-    for token in stream:
+    step_started = time.perf_counter()
+    for token in itertools.chain([first], stream):
+        if len(new_tokens) == 1:  # the first decode step, which compiles when compiling
+            first_step = time.perf_counter() - step_started
         if token.item() in tokenizer.stop_tokens:
             break
         new_tokens.append(token.item())
@@ -64,6 +109,9 @@ def cmd_generate(args) -> None:
     if not args.stream:
         print(tokenizer.decode(new_tokens), end="")
     print()
+    if compiling and len(new_tokens) > 1:
+        print(f"(decode step compiled in {first_step:.0f} s; Inductor caches it in "
+              f"{os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr)
 
 
 def cmd_perplexity(args) -> None:
@@ -94,7 +142,7 @@ def _method_options(args) -> dict:
     return {"gptq": {"damp": args.damp, "act_order": args.act_order},
             "nf4": {"block_size": args.block_size},
             "llm_int8": {"threshold": args.threshold},
-            "sparse24": {"method": args.prune}}.get(args.method, {})
+            "sparse24": {"prune": args.prune}}.get(args.method, {})
 
 
 def cmd_quantize(args) -> None:
@@ -106,7 +154,7 @@ def cmd_quantize(args) -> None:
     options = _method_options(args)
     windows = None
     needs_windows = (QUANTIZERS[args.method].windows == "required"
-                     or options.get("method") == "wanda")
+                     or options.get("prune") == "wanda")
     model = load_model(args.model)
     if needs_windows:
         from .quant.calibration import calibration_windows
@@ -172,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print tokens as they come")
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
     gen.add_argument("--window", type=int, default=None, help="sliding-window KV cache size")
+    gen.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                     help="torch.compile the decode step (default: for quantized models, "
+                          "whose fast path it is; the first compile takes a minute or two)")
     gen.set_defaults(func=cmd_generate)
 
     ppl = sub.add_parser("perplexity", help="perplexity on a fixed corpus split")

@@ -90,7 +90,20 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
-        return cls.from_hf(json.loads(Path(path).read_text()))
+        """Read a ``config.json``; errors name the file and say what to do."""
+        try:
+            hf = json.loads(Path(path).read_text())
+        except ValueError as error:
+            raise ValueError(f"{path} is not valid JSON ({error}); restore the checkpoint's "
+                             "config.json (for the course model: `minillm fetch --force`)") \
+                from None
+        try:
+            return cls.from_hf(hf)
+        except KeyError as error:
+            raise ValueError(f"{path} has no {error} field; it is not a Llama-family "
+                             "Hugging Face config") from None
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     def to_hf(self) -> dict:
         """The same model as a Hugging Face ``LlamaConfig`` dict (used by parity tests)."""

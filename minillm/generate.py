@@ -84,14 +84,15 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
 
     Sequences that emitted a stop token yield ``pad_id`` afterwards; the loop ends when
     all have stopped or after ``max_new_tokens`` steps. ``window`` uses a sliding-window
-    cache of that many steps instead of a full one.
+    cache of that many steps instead of a full one. Each prompt samples with its own
+    generator (seeded alike), so a batch gives every prompt the tokens it gets alone.
     """
     token_lists = _as_token_lists(prompts)
     _check_request(model, token_lists, max_new_tokens, pad_id)
     device = model.device
     ids, mask = (t.to(device) for t in pad_left(token_lists, pad_id))
     padded = bool((mask == 0).any())
-    generator = sampling.make_generator(device)
+    generators = [sampling.make_generator(device) for _ in token_lists]  # one per request
     stop = torch.tensor(list(stop_tokens), dtype=torch.long, device=device)
     finished = torch.zeros(len(token_lists), dtype=torch.bool, device=device)
     cache = make_cache(model, len(token_lists), ids.shape[1] + max_new_tokens, window) \
@@ -99,7 +100,7 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
 
     logits = model(ids, cache, mask if padded else None, last_only=True)
     for step in range(max_new_tokens):
-        token = sample(logits[:, -1], sampling, generator, previous=ids)
+        token = sample(logits[:, -1], sampling, generators, previous=ids, valid=mask.bool())
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         yield token
         finished |= torch.isin(token, stop)

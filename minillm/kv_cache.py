@@ -71,17 +71,20 @@ class KVCache:
 class StaticKVCache(KVCache):
     """A contiguous cache whose tensors never change shape, for ``torch.compile``.
 
-    Every forward attends to all ``max_len`` slots; the causal mask hides the slots not
-    written yet (their steps lie in the future). The write position ``next_step`` is a
-    tensor, not a Python int, so a compiled decode step is the same graph at every step.
-    There is no overflow check (it would need the position as a Python int): allocate
-    enough slots.
+    Every forward attends to all slots; the causal mask hides the slots not written yet
+    (their steps lie in the future). The write position ``next_step`` is a tensor, not a
+    Python int, so a compiled decode step is the same graph at every step. The slots are
+    rounded up to a multiple of ``SLOT_BUCKET``, so generations of different lengths reuse
+    one compiled graph. There is no overflow check (it would need the position as a Python
+    int): allocate enough slots.
     """
 
     decode_needs_mask = True
+    SLOT_BUCKET = 256
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        max_len = -(-max_len // self.SLOT_BUCKET) * self.SLOT_BUCKET
         self.keys, self.values = _allocate(config, batch_size, max_len, dtype, device)
         self.max_len = max_len
         self.all_steps = torch.arange(max_len, device=device)

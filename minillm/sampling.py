@@ -9,7 +9,10 @@ The pipeline for one step, on logits [batch, vocab]:
 4. top-p, "nucleus" (Holtzman et al. 2020, eq. 2): keep the smallest set of most likely
    tokens whose probability adds up to at least p;
 5. draw from the softmax of what is left with a seeded ``torch.Generator``, so the same
-   seed gives the same text.
+   seed gives the same text. Each row of a batch may have its own generator: a request then
+   draws the same tokens whatever else shares its batch.
+
+Steps 1–4 are :func:`process_logits`; :func:`sample` adds step 5 (or the argmax).
 """
 
 from __future__ import annotations
@@ -54,12 +57,17 @@ class SamplingParams:
         return generator
 
 
-def apply_repetition_penalty(logits: torch.Tensor, previous: torch.Tensor,
-                             penalty: float) -> torch.Tensor:
-    """Make tokens in ``previous`` [batch, steps] less likely by ``penalty`` (CTRL's rule)."""
-    seen = logits.gather(-1, previous)
-    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits.scatter(-1, previous, seen)
+def apply_repetition_penalty(logits: torch.Tensor, previous: torch.Tensor, penalty: float,
+                             valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Make tokens in ``previous`` [batch, steps] less likely by ``penalty`` (CTRL's rule).
+
+    ``valid`` [batch, steps] marks the real tokens of ``previous`` (False for padding): a
+    padding id is not a token the sequence has seen.
+    """
+    counts = torch.zeros(logits.shape, dtype=torch.int32, device=logits.device)
+    ones = torch.ones_like(previous, dtype=torch.int32) if valid is None else valid.int()
+    seen = counts.scatter_add_(-1, previous, ones) > 0
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -79,21 +87,39 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
-           previous: torch.Tensor | None = None) -> torch.Tensor:
-    """Pick one token per row of ``logits`` [batch, vocab]; returns [batch] token ids.
-
-    ``previous`` [batch, steps]: tokens so far, for the repetition penalty.
-    """
+def process_logits(logits: torch.Tensor, params: SamplingParams,
+                   previous: torch.Tensor | None = None,
+                   valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Steps 1–4 on ``logits`` [batch, vocab]: the logits whose softmax is sampled (filtered
+    tokens at -inf). Greedy decoding only applies the penalty: its argmax is the choice."""
     logits = logits.float()
     if params.repetition_penalty != 1.0 and previous is not None and previous.numel():
-        logits = apply_repetition_penalty(logits, previous, params.repetition_penalty)
+        logits = apply_repetition_penalty(logits, previous, params.repetition_penalty, valid)
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return logits
     logits = logits / params.temperature
     if params.top_k:
         logits = top_k_filter(logits, params.top_k)
     if params.top_p < 1.0:
         logits = top_p_filter(logits, params.top_p)
+    return logits
+
+
+def sample(logits: torch.Tensor, params: SamplingParams,
+           generator: torch.Generator | list[torch.Generator] | None = None,
+           previous: torch.Tensor | None = None,
+           valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Pick one token per row of ``logits`` [batch, vocab]; returns [batch] token ids.
+
+    ``generator``: one for the batch, or a list with one per row.
+    ``previous`` [batch, steps]: tokens so far, for the repetition penalty; ``valid`` marks
+    which of them are real tokens (not padding).
+    """
+    logits = process_logits(logits, params, previous, valid)
+    if params.greedy:
+        return logits.argmax(dim=-1)
     probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    if not isinstance(generator, list):
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return torch.cat([torch.multinomial(row, num_samples=1, generator=g)
+                      for row, g in zip(probs, generator, strict=True)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .assets import AssetError
 from .checkpoint import resolve_checkpoint
 
 
@@ -18,7 +19,12 @@ class Tokenizer:
     def __init__(self, name_or_path: str | Path = "smollm2"):
         from transformers import AutoTokenizer
 
-        self.hf = AutoTokenizer.from_pretrained(resolve_checkpoint(name_or_path))
+        directory = resolve_checkpoint(name_or_path)
+        if not (directory / "tokenizer.json").exists() and \
+                not (directory / "tokenizer_config.json").exists():
+            raise AssetError(f"{directory} has no tokenizer (tokenizer.json); copy the tokenizer "
+                             "files of the model it was made from into it")
+        self.hf = AutoTokenizer.from_pretrained(directory)
         vocab = self.hf.get_vocab()
         stop_names = {self.hf.eos_token, "<|im_end|>", "<|endoftext|>", "</s>"}
         self.stop_tokens = sorted(vocab[name] for name in stop_names if name in vocab)

@@ -22,9 +22,32 @@ def test_cached_equals_uncached(tiny):
     assert generate(tiny, PROMPTS[0], 30) == generate(tiny, PROMPTS[0], 30, use_cache=False)
 
 
-def test_batched_with_padding_equals_one_by_one(tiny):
-    batched = generate(tiny, PROMPTS, 20)
-    assert batched == [generate(tiny, p, 20)[0] for p in PROMPTS]
+SAMPLING_OPTIONS = {
+    "greedy": SamplingParams(),
+    "repetition penalty": SamplingParams(repetition_penalty=5.0),
+    "temperature": SamplingParams(temperature=1.3, seed=11),
+    "top-k": SamplingParams(temperature=1.0, top_k=5, seed=12),
+    "top-p": SamplingParams(temperature=1.0, top_p=0.7, seed=13),
+    "everything": SamplingParams(temperature=0.9, top_k=20, top_p=0.9, repetition_penalty=1.5,
+                                 seed=14),
+}
+
+
+@pytest.mark.parametrize("params", SAMPLING_OPTIONS.values(), ids=SAMPLING_OPTIONS.keys())
+@pytest.mark.parametrize("pad_id", [0, 15, 30])  # 15, 30: penalised as seen tokens, once
+def test_batched_with_padding_equals_one_by_one(tiny, params, pad_id):
+    batched = generate(tiny, PROMPTS, 20, params, pad_id=pad_id)
+    assert batched == [generate(tiny, p, 20, params, pad_id=pad_id)[0] for p in PROMPTS]
+
+
+def test_repetition_penalty_ignores_padding():
+    """A padding id that the real tokens never contain is not penalised."""
+    from minillm.sampling import apply_repetition_penalty
+
+    logits = torch.tensor([[2.0, 1.0, -1.0, 0.5]])
+    previous, valid = torch.tensor([[3, 3, 1]]), torch.tensor([[False, False, True]])
+    penalised = apply_repetition_penalty(logits, previous, 2.0, valid)
+    assert penalised.tolist() == [[2.0, 0.5, -1.0, 0.5]]
 
 
 def test_batched_uncached_equals_one_by_one(tiny):
@@ -150,4 +173,4 @@ def test_compiled_decode_generates_the_same_tokens(tiny):
     from minillm.compile import compile_decode
 
     expected = generate(tiny, PROMPTS[0], 8)
-    assert generate(compile_decode(tiny, mode="default"), PROMPTS[0], 8) == expected
+    assert generate(compile_decode(tiny, autotune=False), PROMPTS[0], 8) == expected

@@ -279,12 +279,13 @@ def sparsify_model(model: nn.Module, pattern: str | None = None, sparsity: float
 
 
 def quantize_model_sparse24(model: nn.Module, scheme: QuantScheme | None = None, *,
-                            method: str = "magnitude", windows: torch.Tensor | None = None,
+                            prune: str = "magnitude", windows: torch.Tensor | None = None,
                             skip: tuple[str, ...] = DEFAULT_SKIP,
                             progress: bool = True) -> nn.Module:
     """Prune every linear layer to 2:4 and store it compressed (:class:`Sparse24Linear`),
-    its kept values quantized by ``scheme`` if one is given: the registry's ``"sparse24"``."""
-    return sparsify_model(model, pattern="2:4", method=method, windows=windows, compress=True,
+    its kept values quantized by ``scheme`` if one is given: the registry's ``"sparse24"``.
+    ``prune``: ``"magnitude"``, or ``"wanda"`` (needs ``windows``)."""
+    return sparsify_model(model, pattern="2:4", method=prune, windows=windows, compress=True,
                           scheme=scheme, skip=skip, progress=progress)
 
 

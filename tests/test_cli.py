@@ -1,0 +1,94 @@
+"""The command line speaks its own language: bad input gets a message naming the option or
+file and what to do, before anything is printed; ``python -m minillm`` is the same command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_pair
+from minillm.cli import main
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", ""], "the prompt is empty"),
+    (["generate", "   "], "the prompt is empty"),
+    (["generate", "Hello", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["generate", "Hello", "--window", "0"], "--window must be at least 1"),
+])
+def test_bad_options_are_reported_before_any_output(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("minillm generate: error: ") and message in err
+
+
+def test_a_checkpoint_without_a_tokenizer_says_so(capsys, tmp_path):
+    tiny_pair(tmp_path)
+    code, out, err = run_cli(capsys, "generate", "Hello", "--model", str(tmp_path))
+    assert code == 2 and out == "" and "has no tokenizer" in err
+
+
+def test_too_many_new_tokens_names_the_limit(capsys, tmp_path, tokenizer):
+    tiny_pair(tmp_path)  # context 128
+    tokenizer.hf.save_pretrained(tmp_path)
+    code, out, err = run_cli(capsys, "generate", "Hello", "--model", str(tmp_path),
+                             "--max-new-tokens", "500")
+    assert code == 2 and out == ""
+    assert "use --max-new-tokens" in err
+
+
+@pytest.mark.parametrize("config_text, message", [
+    ('{"vocab_size": ', "is not valid JSON"),
+    ('{"model_type": "gpt2", "vocab_size": 5}', "is not a Llama-family decoder"),
+    ('{"model_type": "llama", "vocab_size": 5}', "has no 'num_attention_heads' field"),
+])
+def test_a_bad_config_names_the_file(capsys, tmp_path, config_text, message):
+    tiny_pair(tmp_path)
+    (tmp_path / "config.json").write_text(config_text)
+    code, out, err = run_cli(capsys, "generate", "Hello", "--model", str(tmp_path))
+    assert code == 2 and out == ""
+    assert str(tmp_path / "config.json") in err and message in err
+
+
+def test_truncated_weights_name_the_file(capsys, tmp_path):
+    tiny_pair(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, out, err = run_cli(capsys, "generate", "Hello", "--model", str(tmp_path))
+    assert code == 2 and out == ""
+    assert str(weights) in err and "Re-download" in err
+
+
+def test_weights_of_the_wrong_shape_name_the_checkpoint(capsys, tmp_path):
+    tiny_pair(tmp_path / "small")
+    tiny_pair(tmp_path / "big", hidden_size=128)
+    shutil.copy(tmp_path / "big" / "model.safetensors", tmp_path / "small")
+    code, _, err = run_cli(capsys, "generate", "Hello", "--model", str(tmp_path / "small"))
+    assert code == 2 and "does not match its config" in err and str(tmp_path / "small") in err
+
+
+def test_python_dash_m_is_the_minillm_command():
+    done = subprocess.run([sys.executable, "-m", "minillm", "generate", ""],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "minillm generate: error: the prompt is empty" in done.stderr
+
+
+def test_the_registry_and_the_cli_offer_the_same_methods():
+    from minillm.cli import build_parser
+    from minillm.quant import QUANTIZERS
+
+    quantize = build_parser()._subparsers._group_actions[0].choices["quantize"]
+    method = next(a for a in quantize._actions if a.dest == "method")
+    assert list(method.choices) == list(QUANTIZERS)
+    assert json.dumps(sorted(QUANTIZERS))  # names are plain strings
