@@ -27,10 +27,10 @@ def mask_2_4(weight: torch.Tensor) -> torch.Tensor:
 
     weight: [out, in] with in a multiple of 4; the groups are columns 0-3, 4-7, ... of each
     row. Returns a bool tensor shaped like weight with exactly two True in every group.
-    Among equal |w| the library keeps the ones torch.topk(2) returns (neither simply the
-    first nor the last), and so must you: on SmolLM2's tied weights a sort-based mask
-    prunes different weights than the library.
-    Hint: view |w| as [out, in / 4, 4], take topk(2) on the last dimension, scatter True.
+    Among equal |w| the earlier input is kept, as in the library: SmolLM2's weights tie
+    often, and another rule prunes different weights.
+    Hint: view |w| as [out, in / 4, 4], sort it in descending order with a *stable* sort
+    (``argsort(..., stable=True)``), keep the first 2 indices, scatter True.
     """
     raise NotImplementedError("Exercise 09.2: The 2:4 keep-mask: in each group of 4 inputs keep the 2 largest |w|")
 

@@ -31,15 +31,15 @@ def mask_2_4(weight: torch.Tensor) -> torch.Tensor:
 
     weight: [out, in] with in a multiple of 4; the groups are columns 0-3, 4-7, ... of each
     row. Returns a bool tensor shaped like weight with exactly two True in every group.
-    Among equal |w| the library keeps the ones torch.topk(2) returns (neither simply the
-    first nor the last), and so must you: on SmolLM2's tied weights a sort-based mask
-    prunes different weights than the library.
-    Hint: view |w| as [out, in / 4, 4], take topk(2) on the last dimension, scatter True.
+    Among equal |w| the earlier input is kept, as in the library: SmolLM2's weights tie
+    often, and another rule prunes different weights.
+    Hint: view |w| as [out, in / 4, 4], sort it in descending order with a *stable* sort
+    (``argsort(..., stable=True)``), keep the first 2 indices, scatter True.
     """
     ### BEGIN SOLUTION
     out, inp = weight.shape
     groups = weight.abs().reshape(out, inp // 4, 4)
-    keep = groups.topk(2, dim=-1).indices
+    keep = groups.argsort(dim=-1, descending=True, stable=True)[..., :2]
     mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep, True)
     return mask.reshape(out, inp)
     ### END SOLUTION

@@ -79,13 +79,14 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
 
 def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     """Keep-mask with the N:M pattern: in each group of ``m`` consecutive inputs of a row,
-    the ``n`` highest ``scores`` stay (2:4 by default: exactly half)."""
+    the ``n`` highest ``scores`` stay (2:4 by default: exactly half). Among equal scores the
+    earlier input stays (a stable sort), so masks of tied weights are reproducible."""
     out, inp = scores.shape
     if not 0 < n < m or inp % m:
         raise ValueError(f"N:M needs 0 < N < M and in_features ({inp}) a multiple of M; "
                          f"got {n}:{m}")
     groups = scores.reshape(out, inp // m, m)
-    keep = groups.topk(n, dim=-1).indices
+    keep = groups.argsort(dim=-1, descending=True, stable=True)[..., :n]
     return torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep, True).reshape(out, inp)
 
 

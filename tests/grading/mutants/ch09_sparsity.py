@@ -40,11 +40,11 @@ def magnitude_mask__per_row(weight, sparsity):
     return torch.ones_like(weight, dtype=torch.bool).scatter_(1, smallest_first, False)
 
 
-def mask_2_4__stable_sort(weight):
-    """Keeps the first of tied |w| (a stable sort), not torch.topk's choice as the library."""
+def mask_2_4__topk(weight):
+    """Keeps the tied |w| torch.topk happens to return, not the earlier ones as the library."""
     out, inp = weight.shape
     groups = weight.abs().reshape(out, inp // 4, 4)
-    keep = groups.argsort(dim=-1, descending=True, stable=True)[..., :2]
+    keep = groups.topk(2, dim=-1).indices
     return torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep, True).reshape(out, inp)
 
 
