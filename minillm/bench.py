@@ -1,9 +1,15 @@
-"""Decode-speed benchmark: minillm (cached, uncached) vs Hugging Face ``generate``.
+"""Decode-speed benchmark: minillm at fp32, int8 and int4 vs Hugging Face ``generate``.
 
 Decoding one token at batch 1 must read every weight once, so its speed limit is the
 memory bandwidth: ``roofline tokens/s = bandwidth / bytes of weights per token``. We
 measure this machine's bandwidth with a large tensor copy in the same run (STREAM's
-convention: bytes read + bytes written per second) and report every loop against it.
+convention: bytes read + bytes written per second) and report every row against the
+roofline of its own weights (fp32, int8 or int4 bytes).
+
+Every row decodes the same prompts greedily and is checked against a reference row: the
+fp32 rows against Hugging Face, the quantized rows against the same quantized weights run
+the simple way (dequantize, then matmul). External peers (``benchmarks/llama_cpp.py``)
+join the table as rows without tokens.
 
 Used by ``benchmarks/decode.py`` and ``minillm bench``.
 """
@@ -18,6 +24,8 @@ import torch
 
 from .generate import generate, pad_left
 from .model import Transformer
+from .quant import QuantScheme, quantize_model
+from .quant.embedding import compact_embedding
 from .quant.qlinear import model_nbytes
 from .roofline import copy_bandwidth
 
@@ -33,13 +41,23 @@ BENCH_QUESTIONS = [
 ]
 
 
+# The precisions of the quantized rows, as llama.cpp names its peers: int8 per output
+# channel (Q8_0 has groups of 32), and Q4_1 itself (4 bits, groups of 32, a float minimum),
+# the format SmolLM2's weights come from. Both keep the tied embedding/head in int8.
+QUANTIZED = {"int8": QuantScheme(8, symmetric=True, group_size=None),
+             "int4": QuantScheme(4, symmetric=False, group_size=32, float_zero=True)}
+
+
 @dataclass
 class DecodeRow:
     name: str
     batch: int
     new_tokens: int
     seconds: float
-    tokens: list[list[int]]
+    tokens: list[list[int]] | None  # None for an external peer (no tokens to compare)
+    weight_bytes: int  # bytes of weights one decode step reads
+    reference: str = ""  # the row whose greedy tokens this one must reproduce
+    first_run_seconds: float | None = None  # the warm-up run (includes compiling)
 
     @property
     def tokens_per_second(self) -> float:
@@ -63,23 +81,28 @@ def _stored_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:
 
 
 def time_call(fn, repeats: int = 2, warmup: bool = True):
-    """Best wall time over ``repeats`` runs (after a warm-up run) and the last result."""
+    """Best wall time over ``repeats`` runs, the last result, and the warm-up run's time."""
+    first = None
     if warmup:
+        start = time.perf_counter()
         fn()
+        first = time.perf_counter() - start
     best, result = float("inf"), None
     for _ in range(repeats):
         start = time.perf_counter()
         result = fn()
         best = min(best, time.perf_counter() - start)
-    return best, result
+    return best, result, first
 
 
-def bench_minillm(name: str, model: Transformer, prompts, new_tokens: int, use_cache=True,
-                  pad_id: int = 0, repeats: int = 2, warmup: bool = True) -> DecodeRow:
-    seconds, tokens = time_call(
+def bench_minillm(name: str, model: Transformer, prompts, new_tokens: int, pad_id: int = 0,
+                  reference: str = "Hugging Face generate", repeats: int = 2,
+                  warmup: bool = True, use_cache: bool = True) -> DecodeRow:
+    seconds, tokens, first = time_call(
         lambda: generate(model, prompts, new_tokens, use_cache=use_cache, pad_id=pad_id),
         repeats, warmup)
-    return DecodeRow(name, len(prompts), new_tokens, seconds, tokens)
+    return DecodeRow(name, len(prompts), new_tokens, seconds, tokens,
+                     weight_bytes_per_token(model), reference, first)
 
 
 def bench_hf(hf_model, prompts, new_tokens: int, pad_id: int, repeats: int = 2) -> DecodeRow:
@@ -93,8 +116,9 @@ def bench_hf(hf_model, prompts, new_tokens: int, pad_id: int, repeats: int = 2) 
                                     eos_token_id=None, pad_token_id=pad_id)
         return out[:, ids.shape[1]:].tolist()
 
-    seconds, tokens = time_call(run, repeats)
-    return DecodeRow("Hugging Face generate", len(prompts), new_tokens, seconds, tokens)
+    seconds, tokens, _ = time_call(run, repeats)
+    weights = sum(p.nbytes for p in hf_model.parameters())
+    return DecodeRow("Hugging Face generate", len(prompts), new_tokens, seconds, tokens, weights)
 
 
 def same_tokens(a: list[list[int]], b: list[list[int]]) -> bool:
@@ -102,76 +126,107 @@ def same_tokens(a: list[list[int]], b: list[list[int]]) -> bool:
     return all(x[:len(y)] == y[:len(x)] for x, y in zip(a, b, strict=True))
 
 
-def format_table(rows: list[DecodeRow], baseline: DecodeRow, roofline_tps: float) -> str:
-    """A markdown table: tokens/s, ratio to the baseline, share of the roofline, same tokens?"""
-    lines = [
-        f"| batch {baseline.batch} | new tokens | tokens/s | vs {baseline.name} "
-        "| % of roofline | same greedy tokens |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
+def _agreement(row: DecodeRow, by_name: dict[str, DecodeRow]) -> str:
+    if row.tokens is None or not row.reference:
+        return "(reference)" if row.tokens is not None else "n/a"
+    verdict = "yes" if same_tokens(row.tokens, by_name[row.reference].tokens) else "NO"
+    return f"{verdict} ({row.reference})"
+
+
+def format_table(rows: list[DecodeRow], baseline: DecodeRow, bandwidth: float,
+                 peers: dict[str, str] | None = None) -> str:
+    """A markdown table: tokens/s, ratio to the baseline and to the row named in ``peers``
+    (row -> peer row), share of the row's own roofline, same tokens as its reference?"""
+    by_name = {row.name: row for row in rows}
+    peers = peers or {}
+    lines = [f"| batch {baseline.batch}, {baseline.new_tokens} new tokens | tokens/s "
+             f"| vs {baseline.name} | vs peer | % of roofline | same greedy tokens as |",
+             "|---|---:|---:|---:|---:|---|"]
     for row in rows:
+        roofline = row.batch * bandwidth / row.weight_bytes
+        peer = by_name.get(peers.get(row.name, ""))
+        versus_peer = f"{row.tokens_per_second / peer.tokens_per_second:.2f}x" if peer else ""
         lines.append(
-            f"| {row.name} | {row.new_tokens} | {row.tokens_per_second:.1f} | "
-            f"{row.tokens_per_second / baseline.tokens_per_second:.2f}x | "
-            f"{100 * row.tokens_per_second / roofline_tps:.0f}% | "
-            f"{'yes' if same_tokens(row.tokens, baseline.tokens) else 'NO'} |")
+            f"| {row.name} | {row.tokens_per_second:.1f} | "
+            f"{row.tokens_per_second / baseline.tokens_per_second:.2f}x | {versus_peer} | "
+            f"{100 * row.tokens_per_second / roofline:.0f}% | {_agreement(row, by_name)} |")
     return "\n".join(lines)
 
 
+def quantized_models(plain: Transformer, scheme: QuantScheme) -> tuple[Transformer, Transformer]:
+    """(reference, fast): SmolLM2 with RTN-quantized linears and an int8 embedding, run the
+    simple way (dequantize, then matmul) and in the compiled weight-only layout."""
+    from .compile import compile_decode
+    from .quant.weight_only import to_weight_only
+
+    reference = compact_embedding(quantize_model(copy.deepcopy(plain), "rtn", scheme), "int8")
+    return reference, compile_decode(to_weight_only(copy.deepcopy(reference)))
+
+
+def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
+                compiled: bool = True, quantized: bool = True) -> list[DecodeRow]:
+    """Every minillm row (and Hugging Face's) for one batch size, same prompts."""
+    from .compile import compile_decode
+    from .weight_layout import transpose_linear_weights
+
+    prompts = [tokenizer.chat_prompt(q) for q in BENCH_QUESTIONS[:batch]]
+    pad = tokenizer.pad_id
+    rows = [bench_hf(hf, prompts, new_tokens, pad),
+            bench_minillm("minillm fp32, eager", plain, prompts, new_tokens, pad),
+            bench_minillm("minillm fp32, eager, [in, out] weights",
+                          transpose_linear_weights(copy.deepcopy(plain)), prompts, new_tokens,
+                          pad)]
+    if compiled:
+        rows.append(bench_minillm("minillm fp32, compile_decode",
+                                  compile_decode(copy.deepcopy(plain)), prompts, new_tokens, pad))
+    for precision, scheme in QUANTIZED.items() if quantized else ():
+        reference, fast = quantized_models(plain, scheme)
+        name = f"minillm {precision}, dequantize + matmul"
+        rows.append(bench_minillm(name, reference, prompts, new_tokens, pad, reference="",
+                                  repeats=1, warmup=False))
+        if compiled:
+            rows.append(bench_minillm(f"minillm {precision}, weight-only, compiled", fast,
+                                      prompts, new_tokens, pad, reference=name))
+    return rows
+
+
 def run_decode_benchmark(threads: int = 2, new_tokens: int = 128, uncached_tokens: int = 256,
-                         batches: tuple[int, ...] = (1, 8), compiled: bool = True) -> None:
+                         batches: tuple[int, ...] = (1, 8), compiled: bool = True,
+                         quantized: bool = True, peers=None) -> None:
     """Print one table per batch size; every row decodes the same prompts greedily.
 
-    ``compiled`` adds a row for :func:`minillm.compile.compile_decode` at batch 1 (its
-    warm-up run includes a few minutes of compilation, reported separately).
+    ``compiled`` adds the ``compile_decode`` rows (their warm-up runs include minutes of
+    compiling, reported separately); ``quantized`` the int8/int4 rows. ``peers(batch)``
+    may return external rows (llama.cpp) and a dict naming each minillm row's peer.
     """
     from transformers import AutoModelForCausalLM
 
     from .assets import fetch_course_model
     from .checkpoint import load_model
-    from .compile import compile_decode
     from .tokenizer import Tokenizer
-    from .weight_layout import transpose_linear_weights
 
     torch.set_num_threads(threads)
     tokenizer = Tokenizer("smollm2")
     plain = load_model("smollm2")
-    transposed = transpose_linear_weights(copy.deepcopy(plain))
     hf = AutoModelForCausalLM.from_pretrained(fetch_course_model(), dtype=torch.float32).eval()
 
     bandwidth = copy_bandwidth()
-    weight_bytes = weight_bytes_per_token(plain)
-    print(f"threads: {torch.get_num_threads()}, dtype: float32, torch {torch.__version__}")
+    print(f"threads: {torch.get_num_threads()}, torch {torch.__version__}")
     print(f"copy bandwidth (read + write): {bandwidth / 1e9:.1f} GB/s")
-    print(f"weights read per decode step: {weight_bytes / 1e6:.0f} MB")
-    print(f"roofline at batch 1: {bandwidth / weight_bytes:.1f} tokens/s\n")
-
-    pad = tokenizer.pad_id
+    print(f"fp32 weights read per decode step: {weight_bytes_per_token(plain) / 1e6:.0f} MB\n")
     for batch in batches:
-        prompts = [tokenizer.chat_prompt(q) for q in BENCH_QUESTIONS[:batch]]
-        roofline = batch * bandwidth / weight_bytes  # one pass over the weights serves the batch
-        baseline = bench_hf(hf, prompts, new_tokens, pad)
-        rows = [
-            baseline,
-            bench_minillm("minillm, KV cache", plain, prompts, new_tokens, pad_id=pad),
-            bench_minillm("minillm, KV cache, [in, out] weights", transposed, prompts,
-                          new_tokens, pad_id=pad),
-        ]
-        if batch == 1 and compiled:
-            start = time.perf_counter()
-            model = compile_decode(copy.deepcopy(plain))
-            generate(model, prompts, 2)  # compiles the decode step
-            print(f"compile_decode: {time.perf_counter() - start:.0f} s to compile")
-            rows.append(bench_minillm("minillm, KV cache, compile_decode", model, prompts,
-                                      new_tokens, pad_id=pad))
-        if batch == 1 and uncached_tokens:
-            cached = bench_minillm("minillm, KV cache", plain, prompts, uncached_tokens,
-                                   repeats=1)
-            uncached = bench_minillm("minillm, no cache", plain, prompts, uncached_tokens,
-                                     use_cache=False, repeats=1, warmup=False)
-            rows += [cached, uncached]
-        print(format_table(rows, baseline, roofline))
-        print(f"(roofline at batch {batch}: {roofline:.1f} tokens/s)\n")
-        if batch == 1 and uncached_tokens:
-            print(f"KV cache vs no cache, {uncached_tokens} new tokens: "
-                  f"{cached.tokens_per_second / uncached.tokens_per_second:.1f}x\n")
+        rows = decode_rows(batch, new_tokens, tokenizer, plain, hf, compiled, quantized)
+        external, peer_names = peers(batch) if peers else ([], {})
+        print(format_table(rows + external, rows[0], bandwidth, peer_names))
+        for row in rows:
+            if row.first_run_seconds is not None and "compile" in row.name:
+                print(f"{row.name}: first run {row.first_run_seconds:.0f} s (compiling)")
+        print()
+    if uncached_tokens:
+        prompt = [tokenizer.chat_prompt(BENCH_QUESTIONS[0])]
+        cached = bench_minillm("KV cache", plain, prompt, uncached_tokens, repeats=1)
+        uncached = bench_minillm("no cache", plain, prompt, uncached_tokens, repeats=1,
+                                 warmup=False, use_cache=False)
+        print(f"KV cache vs no cache, batch 1, {uncached_tokens} new tokens: "
+              f"{cached.tokens_per_second:.1f} vs {uncached.tokens_per_second:.1f} tokens/s, "
+              f"{cached.tokens_per_second / uncached.tokens_per_second:.1f}x\n")

@@ -177,7 +177,7 @@ def cmd_bench(args) -> None:
     from .bench import run_decode_benchmark
 
     run_decode_benchmark(threads=args.threads, new_tokens=args.new_tokens, uncached_tokens=0,
-                         batches=(1,), compiled=False)
+                         batches=(1,), compiled=False, quantized=False)
 
 
 def cmd_grade(args) -> None:
