@@ -40,8 +40,14 @@ exercises: setup  ## regenerate exercises/ from solutions/
 notebooks: fetch  ## re-execute every notebook in place (outputs are committed)
 	$(BIN)/python benchmarks/notebooks.py
 
-nbval: fetch  ## strict check of every notebook against its stored outputs
-	$(BIN)/pytest --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
+# Two notebooks at a time, one thread each: the kernels start with IPython's profile in
+# .ci/ipython, which caps the notebooks' torch.set_num_threads(2) at MINILLM_KERNEL_THREADS.
+# Measured 3x faster than two kernels of two threads each on 2 cores, and than one worker
+# (docs/benchmarks.md, "CI time plan").
+NBVAL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MINILLM_KERNEL_THREADS=1 IPYTHONDIR=$(CURDIR)/.ci/ipython
+
+nbval: fetch  ## strict check of every notebook against its stored outputs (a test, ~10 min)
+	$(NBVAL_ENV) $(BIN)/pytest --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 	  -n 2 --dist loadfile -q -p no:cacheprovider
 
 book: setup  ## the course website in book/_build/html (stored outputs, no execution; seconds)
