@@ -1,0 +1,92 @@
+"""One request as the engine sees it: its tokens, how many of them the KV cache holds, and
+its place in the pool of cache blocks.
+
+The scheduler's classic bug is two counters that drift apart (tokens "prefilled" and
+tokens "in the cache", say) after a preemption or a prefix-cache hit. A :class:`Sequence`
+keeps **one** counter, ``num_computed``: how many of its tokens have their keys and values
+in the cache. Everything else is derived from it and from the token list:
+
+* still to compute: ``num_tokens - num_computed`` (the prompt's remainder, or the newest
+  sampled token);
+* in prefill: ``num_computed < num_prompt_tokens``;
+* preempted: its blocks are freed and ``num_computed`` goes back to 0 (recompute);
+* a prefix-cache hit: ``num_computed`` starts at the number of cached tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ..sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds cache blocks and takes part in steps
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # produced a stop token
+    LENGTH = "length"  # reached max_tokens (or the model's context)
+    ABORT = "abort"  # cancelled by its client
+    ERROR = "error"  # rejected (the error says why)
+
+
+@dataclass
+class Sequence:
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 16
+    stop_tokens: frozenset[int] = frozenset()
+    id: int = field(default_factory=lambda: next(_ids))
+    output: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    token_times: list[float] = field(default_factory=list)  # when each output token came
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose keys and values are not in the cache yet."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def append(self, token: int, now: float | None = None) -> None:
+        """Record a sampled token, and finish on a stop token or at ``max_tokens``."""
+        self.output.append(token)
+        self.token_times.append(time.perf_counter() if now is None else now)
+        if token in self.stop_tokens:
+            self.finish(FinishReason.STOP)
+        elif len(self.output) >= self.max_tokens:
+            self.finish(FinishReason.LENGTH)
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        self.status, self.finish_reason, self.error = Status.FINISHED, reason, error

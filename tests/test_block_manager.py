@@ -1,0 +1,184 @@
+"""The paged-cache block manager: examples of prefix caching and copy-on-write, and a
+property-based test (hypothesis) of its accounting under any sequence of operations."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from minillm.serve.block_manager import BlockManager, OutOfBlocks, chain_hash
+from minillm.serve.sequence import Sequence
+
+
+def compute(manager: BlockManager, seq: Sequence, n: int) -> list[tuple[int, int]]:
+    """What one engine step does for ``seq``: reserve, (compute), count, commit."""
+    copies = manager.reserve(seq, n)
+    for block_id in manager.written_blocks(seq, n):
+        assert manager.blocks[block_id].ref_count == 1, "a shared block would be written"
+    seq.num_computed += n
+    manager.commit(seq)
+    return copies
+
+
+def test_blocks_are_handed_out_as_a_sequence_grows():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    seq = Sequence(prompt=list(range(10)))
+    assert manager.start(seq) == 0
+    compute(manager, seq, 10)
+    assert len(seq.block_table) == 3 and manager.num_free == 5
+    seq.output.append(99)
+    compute(manager, seq, 1)
+    assert len(seq.block_table) == 3  # token 11 fits in the third block
+    manager.free(seq)
+    assert manager.num_free == 8 and seq.block_table == []
+
+
+def test_a_shared_prompt_prefix_is_computed_once():
+    manager = BlockManager(num_blocks=16, block_size=4)
+    system = list(range(100, 112))  # three full blocks
+    first = Sequence(prompt=system + [1, 2])
+    manager.start(first)
+    compute(manager, first, first.num_tokens)
+    second = Sequence(prompt=system + [7])
+    assert manager.start(second) == 12  # three cached blocks: only the last token to compute
+    assert second.block_table == first.block_table[:3]
+    assert all(manager.blocks[b].ref_count == 2 for b in second.block_table)
+
+
+def test_a_full_hit_still_recomputes_the_last_prompt_token():
+    manager = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(8))  # exactly two blocks
+    first = Sequence(prompt=prompt)
+    manager.start(first)
+    compute(manager, first, 8)
+    manager.free(first)
+    again = Sequence(prompt=prompt)
+    assert manager.start(again) == 4  # the block holding token 8 is recomputed
+    assert again.num_uncomputed == 4
+
+
+def test_a_hash_collision_is_not_a_hit(monkeypatch):
+    manager = BlockManager(num_blocks=8, block_size=2)
+    first = Sequence(prompt=[1, 2, 3])
+    manager.start(first)
+    compute(manager, first, 3)
+    import minillm.serve.block_manager as module
+
+    monkeypatch.setattr(module, "chain_hash", lambda parent, ids: chain_hash(None, (1, 2)))
+    other = Sequence(prompt=[5, 6, 7])  # its first block "collides" with first's
+    assert manager.start(other) == 0
+
+
+def test_evicted_cache_blocks_are_the_least_recently_freed():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    old, new = Sequence(prompt=[1, 2, 3]), Sequence(prompt=[4, 5, 6])
+    for seq in (old, new):
+        manager.start(seq)
+        compute(manager, seq, 3)
+        manager.free(seq)
+    hungry = Sequence(prompt=[9, 9, 9, 9, 9])
+    manager.start(hungry)
+    compute(manager, hungry, 4)  # two blocks: old's (freed first) go first
+    assert manager.start(Sequence(prompt=[4, 5, 6])) == 2
+    assert manager.start(Sequence(prompt=[1, 2, 3])) == 0
+
+
+def test_forked_sequences_copy_a_shared_block_before_writing():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    parent = Sequence(prompt=[1, 2, 3, 4, 5, 6])
+    manager.start(parent)
+    compute(manager, parent, 6)
+    child = Sequence(prompt=list(parent.prompt))
+    manager.fork(parent, child)
+    shared = parent.block_table[1]
+    assert manager.blocks[shared].ref_count == 2
+    child.output.append(42)
+    copies = compute(manager, child, 1)
+    assert copies == [(shared, child.block_table[1])] and child.block_table[1] != shared
+    parent.output.append(43)
+    assert compute(manager, parent, 1) == []  # now the only holder: writes in place
+
+
+def test_running_out_of_blocks_is_an_error_not_a_corruption():
+    manager = BlockManager(num_blocks=2, block_size=2)
+    seq = Sequence(prompt=[1, 2, 3, 4, 5])
+    manager.start(seq)
+    assert not manager.can_reserve(seq, 5)
+    with pytest.raises(OutOfBlocks):
+        manager.reserve(seq, 5)
+    assert manager.num_free == 2 and seq.block_table == []
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random allocate/append/fork/free/evict sequences; the accounting must always hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.manager = BlockManager(num_blocks=12, block_size=3)
+        self.running: list[Sequence] = []
+
+    @rule(prompt=st.lists(st.integers(0, 3), min_size=1, max_size=14))
+    def add(self, prompt):
+        seq = Sequence(prompt=prompt)
+        self.manager.start(seq)
+        if self.manager.can_reserve(seq, seq.num_uncomputed):
+            compute(self.manager, seq, seq.num_uncomputed)
+            self.running.append(seq)
+        else:
+            self.manager.free(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(index=st.integers(0, 100), token=st.integers(0, 3))
+    def append(self, index, token):
+        seq = self.running[index % len(self.running)]
+        seq.output.append(token)
+        if self.manager.can_reserve(seq, 1):
+            compute(self.manager, seq, 1)
+        else:  # preemption by recompute: give everything back
+            self.manager.free(seq)
+            self.running.remove(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(index=st.integers(0, 100))
+    def fork(self, index):
+        parent = self.running[index % len(self.running)]
+        child = Sequence(prompt=list(parent.prompt), output=list(parent.output))
+        self.manager.fork(parent, child)
+        self.running.append(child)
+
+    @precondition(lambda self: self.running)
+    @rule(index=st.integers(0, 100))
+    def free(self, index):
+        self.manager.free(self.running.pop(index % len(self.running)))
+
+    @invariant()
+    def free_plus_used_is_the_pool(self):
+        used = sum(1 for b in self.manager.blocks if b.ref_count > 0)
+        assert used + self.manager.num_free == self.manager.num_blocks
+        assert all(self.manager.blocks[i].ref_count == 0 for i in self.manager.free_blocks)
+
+    @invariant()
+    def ref_counts_are_the_number_of_holders(self):
+        holders = Counter(b for seq in self.running for b in seq.block_table)
+        assert all(block.ref_count == holders[block.id] for block in self.manager.blocks)
+
+    @invariant()
+    def cached_blocks_hold_what_their_name_says(self):
+        for block_hash, block_id in self.manager.cached.items():
+            block = self.manager.blocks[block_id]
+            assert block.hash == block_hash
+            assert chain_hash(block.parent_hash, block.token_ids) == block_hash
+
+    def teardown(self):
+        for seq in self.running:
+            self.manager.free(seq)
+        assert self.manager.num_free == self.manager.num_blocks
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40,
+                                            deadline=None, derandomize=True)
