@@ -61,7 +61,8 @@ class BlockManager:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        # free blocks, least recently freed first (the next to be evicted from the cache)
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # chain hash -> block id
 
     @property
