@@ -1,0 +1,183 @@
+"""Which tokens of which requests the next forward pass computes.
+
+Every engine step runs one forward over a flat list of tokens from many sequences. The
+scheduler fills it, and the policy is what this chapter is about:
+
+* **static** batching: take up to ``max_batch`` requests, run them until *all* of them are
+  done, then take the next batch. A finished request keeps its seat (and the others wait
+  for the longest one): the cost of lockstep batches.
+* **dynamic** batching: static, but a batch starts only when it is full or its oldest
+  request has waited ``max_wait`` seconds (trading latency for fuller batches).
+* **continuous** (iteration-level) batching (Yu et al. 2022, Orca): every step, finished
+  requests leave and waiting ones join, as long as the token budget and the KV blocks
+  allow.
+
+With ``chunked_prefill`` a step computes at most ``max_tokens_per_step`` tokens: running
+decodes first (one token each), then as much of waiting prompts as fits, so a long prompt
+is split over several steps instead of stalling every decode behind it (Agrawal et al.
+2023, Sarathi). Without it a prompt is computed whole, in one step.
+
+When the pool runs out of blocks, the most recently started running request is
+**preempted by recompute**: its blocks are freed, its counter of computed tokens goes back
+to 0 and it returns to the front of the queue (its cached prefix blocks may survive and
+make the recompute cheap). Requests are served first come, first served.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import FinishReason, Sequence, Status
+
+POLICIES = ("static", "dynamic", "continuous")
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = "continuous"
+    max_batch: int = 8  # sequences running at once
+    max_tokens_per_step: int = 512  # the token budget of one forward pass
+    chunked_prefill: bool = True
+    max_wait: float = 0.05  # dynamic batching: seconds the oldest request may wait
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.max_batch < 1 or self.max_tokens_per_step < 1:
+            raise ValueError("max_batch and max_tokens_per_step must be at least 1")
+
+
+@dataclass
+class Step:
+    """One forward pass: ``(sequence, tokens to compute)`` pairs, prefill chunks included,
+    and the cache blocks to copy first (copy-on-write)."""
+
+    work: list[tuple[Sequence, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.work)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+        self.config, self.blocks = config, blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, seq: Sequence, reason: FinishReason = FinishReason.ABORT,
+              error: str | None = None) -> None:
+        """Stop ``seq`` wherever it is and give its blocks back."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.finish(reason, error)
+
+    # -- one step -----------------------------------------------------------------------
+
+    def schedule(self, now: float | None = None) -> Step:
+        """Choose the work of the next forward pass."""
+        now = time.perf_counter() if now is None else now
+        step = Step()
+        budget = self.config.max_tokens_per_step
+        for seq in list(self.running):  # decodes (and unfinished prefill chunks) first
+            if seq not in self.running or seq.finished:  # preempted, or seated until the
+                continue  # lockstep batch ends (static and dynamic policies)
+            n = min(seq.num_uncomputed, budget) if self.config.chunked_prefill \
+                else seq.num_uncomputed
+            if n == 0:
+                continue
+            if not self._reserve_or_preempt(seq, n, step):
+                continue
+            step.work.append((seq, n))
+            budget -= n
+        if self._may_admit(now):
+            self._admit(step, budget)
+        return step
+
+    def _reserve_or_preempt(self, seq: Sequence, n: int, step: Step) -> bool:
+        """Reserve blocks for ``n`` tokens of ``seq``, preempting the latest running requests
+        if the pool is short. False if ``seq`` itself had to go. (Victims come from the end
+        of the running list, which this step has not reached yet.)"""
+        while not self.blocks.can_reserve(seq, n):
+            victim = next(s for s in reversed(self.running) if not s.finished)
+            self._preempt(victim, step)
+            if victim is seq:
+                return False
+        step.copies += self.blocks.reserve(seq, n)
+        return True
+
+    def _preempt(self, seq: Sequence, step: Step) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed, seq.status = 0, Status.WAITING
+        self.waiting.appendleft(seq)
+        step.preempted.append(seq)
+
+    def _may_admit(self, now: float) -> bool:
+        """Continuous batching admits every step; static and dynamic only into an empty
+        batch (dynamic: once it can be filled or the oldest request has waited enough)."""
+        if self.config.policy == "continuous":
+            return True
+        if self.running:
+            return False
+        if self.config.policy == "static" or not self.waiting:
+            return True
+        full = len(self.waiting) >= self.config.max_batch
+        return full or now - self.waiting[0].arrival_time >= self.config.max_wait
+
+    def _admit(self, step: Step, budget: int) -> None:
+        """Start waiting requests, first come first served, while seats, budget and blocks
+        allow; a request that does not fit blocks the queue (FCFS)."""
+        while self.waiting and len(self.running) < self.config.max_batch and budget > 0:
+            seq = self.waiting[0]
+            self.blocks.start(seq)  # cached prefix blocks, if any
+            n = seq.num_uncomputed if not self.config.chunked_prefill \
+                else min(seq.num_uncomputed, budget)
+            if n > budget and step.work or not self.blocks.can_reserve(seq, n):
+                self.blocks.free(seq)  # give the cached blocks back; try again next step
+                seq.num_computed = 0
+                return
+            self.waiting.popleft()
+            step.copies += self.blocks.reserve(seq, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            step.work.append((seq, n))
+            budget -= n
+
+    def finish_step(self, step: Step, sampled: dict[int, int], now: float | None = None
+                    ) -> list[Sequence]:
+        """Count the computed tokens, append each sampled token (sequences whose every
+        token is now computed), release finished sequences. Returns the finished ones."""
+        done = []
+        for seq, n in step.work:
+            seq.num_computed += n
+            self.blocks.commit(seq)
+            if seq.id in sampled:
+                seq.append(sampled[seq.id], now)
+            if seq.finished:
+                done.append(seq)
+        if self.config.policy != "continuous":  # lockstep: seats free when all are done
+            if all(seq.finished for seq in self.running):
+                for seq in self.running:
+                    self.blocks.free(seq)
+                self.running = []
+            return done
+        for seq in done:
+            self.running.remove(seq)
+            self.blocks.free(seq)
+        return done
