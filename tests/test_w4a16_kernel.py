@@ -2,7 +2,7 @@
 
 On a CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set in conftest.py),
 so the sizes here stay small. The reference is x @ Wᵀ in float64 with W the layer's own
-dequantized weight (QuantLinear.dequantized_weight); only the kernel's arithmetic differs.
+dequantized weight (QuantLinear.dense_weight); only the kernel's arithmetic differs.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def check(layer: QuantLinear, x: torch.Tensor, **tile) -> None:
     from minillm.kernels.w4a16_matmul import w4a16_matmul
 
     y = w4a16_matmul(x, layer.codes, layer.scales, layer.zeros, group_of(layer), **tile)
-    reference = x.double() @ layer.dequantized_weight().double().T
+    reference = x.double() @ layer.dense_weight().double().T
     assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], layer.out_features)
     scale = reference.abs().max()
     torch.testing.assert_close(y.double() / scale, reference / scale,
@@ -95,7 +95,7 @@ def test_quant_linear_stays_on_the_dequantize_path_on_cpu(monkeypatch):
     monkeypatch.setattr(kernel, "w4a16_matmul", fail)
     layer = quantized_layer(24, 64, QuantScheme(4, False, 32))
     x = torch.randn(2, 64)
-    torch.testing.assert_close(layer(x), x @ layer.dequantized_weight().T)
+    torch.testing.assert_close(layer(x), x @ layer.dense_weight().T)
 
 
 @pytest.mark.parametrize("scheme, dispatched", [
@@ -119,7 +119,7 @@ def test_quant_linear_dispatches_cuda_inputs_to_the_kernel(monkeypatch, scheme, 
         fake_gpu.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
         y = layer(x)
     assert len(calls) == int(dispatched)
-    expected = x.double() @ layer.dequantized_weight().double().T + linear.bias.double()
+    expected = x.double() @ layer.dense_weight().double().T + linear.bias.double()
     torch.testing.assert_close(y.double(), expected, atol=1e-4, rtol=1e-4)
 
 
