@@ -4,14 +4,18 @@ During generation the keys and values of past tokens never change (a token's K a
 depend only on the tokens before it), so we compute them once and keep them. Queries
 are not cached: only the newest token asks a question.
 
-Both caches share one interface, used by :class:`minillm.model.Transformer`:
+These caches share one interface, used by :class:`minillm.model.Transformer`:
 
 * ``steps(n_new)``: the time steps of the new tokens (the queries) and of every key the
   next forward will attend to (-1 for an empty slot), so the model can build the
   attention mask once per forward;
-* ``update(layer, k, v)``: store the new tokens' K/V for one layer and return all keys and
-  values to attend to, in the order of the key steps;
-* ``advance(n_new)``: after all layers ran, count the new tokens as stored.
+* ``attend(layer, q, k, v, mask, backend)``: store the new tokens' K/V for one layer
+  (``update``) and compute the queries' attention over every key they may see — the one
+  call a model layer makes, which the serving engine's paged cache
+  (:mod:`minillm.serve.paged_cache`) implements too;
+* ``advance(n_new)``: after all layers ran, count the new tokens as stored;
+* ``rewind(n)`` (contiguous and static caches): forget the last ``n`` stored steps
+  (speculative decoding's rejected tokens).
 
 A *time step* is a column of the batch: with left padding it is not a token position.
 """
@@ -30,7 +34,24 @@ def _allocate(config: ModelConfig, batch_size: int, slots: int, dtype, device):
             torch.zeros(shape, dtype=dtype, device=device))
 
 
-class KVCache:
+class DenseCache:
+    """What the contiguous caches share: attention = update, then the backend."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        raise NotImplementedError
+
+    def attend(self, layer: int, q, k, v, mask, backend) -> torch.Tensor:
+        keys, values = self.update(layer, k, v)
+        return backend(q, keys, values, mask)
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class KVCache(DenseCache):
     """Contiguous, preallocated cache: [layers, batch, kv_heads, max_len, head_dim] for K and V.
 
     Memory is 2 * layers * kv_heads * head_dim * max_len * batch * bytes_per_value.
@@ -64,8 +85,10 @@ class KVCache:
     def advance(self, n_new: int) -> None:
         self.length += n_new
 
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+    def rewind(self, n: int) -> None:
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot rewind {n} of {self.length} stored steps")
+        self.length -= n
 
 
 class StaticKVCache(KVCache):
@@ -103,8 +126,11 @@ class StaticKVCache(KVCache):
     def advance(self, n_new: int) -> None:
         self.next_step += n_new
 
+    def rewind(self, n: int) -> None:
+        self.next_step -= n  # the forgotten slots lie in the future again: masked
 
-class SlidingWindowKVCache:
+
+class SlidingWindowKVCache(DenseCache):
     """Keeps only the last ``window`` steps, in a ring buffer (as in Mistral 7B).
 
     Memory stays constant however long the generation runs; the price is that a token
@@ -144,9 +170,6 @@ class SlidingWindowKVCache:
         steps = self._new_steps(n_new)[-self.window:]
         self.slot_steps[steps % self.window] = steps
         self.length += n_new
-
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
 
 
 def kv_cache_bytes(config: ModelConfig, num_tokens: int, batch_size: int = 1,

@@ -73,9 +73,10 @@ class Attention(nn.Module):
         k = self._split_heads(self.k_proj(x), self.num_kv_heads)
         v = self._split_heads(self.v_proj(x), self.num_kv_heads)
         q, k = apply_rotary(q, rope_cos, rope_sin), apply_rotary(k, rope_cos, rope_sin)
-        if cache is not None:
-            k, v = cache.update(self.layer_index, k, v)  # now: all keys this query may see
-        out = self.backend(q, k, v, mask)  # [batch, heads, seq, head_dim]
+        if cache is None:
+            out = self.backend(q, k, v, mask)  # [batch, heads, seq, head_dim]
+        else:  # the cache stores k, v and attends over every key the queries may see
+            out = cache.attend(self.layer_index, q, k, v, mask, self.backend)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -179,6 +180,21 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))
+
+    def forward_flat(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
+                     logits_at: torch.Tensor) -> torch.Tensor:
+        """The serving engine's forward: the tokens of many sequences in one flat list.
+
+        token_ids, positions: [tokens], each token's id and its position in its sequence.
+        cache: a :class:`~minillm.serve.paged_cache.PagedKVCache` whose ``metadata`` says
+            which tokens belong to which sequence (so no mask is built here).
+        logits_at: the rows whose logits are wanted (each sequence's last token) -> [rows, vocab].
+        """
+        x = self.embed_tokens(token_ids)[None]  # one "batch row" holding every token
+        rope_cos, rope_sin = self.rope(positions[None])
+        for layer in self.layers:
+            x = layer(x, rope_cos, rope_sin, None, cache)
+        return self.lm_head(self.norm(x[0, logits_at]))
 
     def _rope_positions(self, query_steps, attention_mask):
         """Token positions for RoPE: the step index, or, with left padding, steps minus padding."""

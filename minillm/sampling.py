@@ -31,6 +31,8 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 means no nucleus filter
     repetition_penalty: float = 1.0  # 1.0 means no penalty
     seed: int | None = None
+    max_tokens: int = 16  # the serving engine's limit per request (generate() has its own)
+    stop_token_ids: tuple[int, ...] = ()  # the engine also stops on these
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -42,6 +44,8 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise ValueError(
                 f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
+        if self.max_tokens < 1 or int(self.max_tokens) != self.max_tokens:
+            raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens}")
 
     @property
     def greedy(self) -> bool:

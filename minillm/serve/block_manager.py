@@ -19,8 +19,8 @@ Blocks can be shared, which is what a reference count is for:
 
 Two rules keep prefix caching exact:
 
-* the block that holds a prompt's last token is never taken from the cache: the step
-  must compute at least that token, whose logits give the first output token;
+* the block that holds a sequence's last token is never taken from the cache: the step
+  must compute at least that token, whose logits give the next output token;
 * only blocks whose tokens are all computed (verified) are hashed and shared: a block
   holding speculative tokens may still change.
 """
@@ -94,13 +94,14 @@ class BlockManager:
         return block
 
     def cached_prefix_blocks(self, seq: Sequence) -> list[Block]:
-        """The cached blocks a new sequence can reuse: full prompt blocks, not the one
-        holding the last prompt token."""
+        """The cached blocks a starting sequence can reuse: its full blocks of tokens (the
+        prompt, and after a preemption the output so far), not the one holding its last
+        token."""
         if not self.prefix_caching:
             return []
         hits = []
-        usable = (seq.num_prompt_tokens - 1) // self.block_size
-        for parent, ids, block_hash in self._full_blocks(seq.prompt, usable):
+        usable = (seq.num_tokens - 1) // self.block_size
+        for parent, ids, block_hash in self._full_blocks(seq.tokens, usable):
             block = self._lookup(parent, ids, block_hash)
             if block is None:
                 break

@@ -25,6 +25,7 @@ make the recompute cheap). Requests are served first come, first served.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class SchedulerConfig:
     max_tokens_per_step: int = 512  # the token budget of one forward pass
     chunked_prefill: bool = True
     max_wait: float = 0.05  # dynamic batching: seconds the oldest request may wait
+    random_preemption: float = 0.0  # tests: chance per step of preempting a running request
+    seed: int = 0  # ... drawn from a generator seeded with this
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -69,6 +72,7 @@ class Scheduler:
         self.config, self.blocks = config, blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.random = random.Random(config.seed)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -94,6 +98,9 @@ class Scheduler:
         now = time.perf_counter() if now is None else now
         step = Step()
         budget = self.config.max_tokens_per_step
+        candidates = [seq for seq in self.running if not seq.finished]
+        if candidates and self.random.random() < self.config.random_preemption:
+            self._preempt(self.random.choice(candidates), step)
         for seq in list(self.running):  # decodes (and unfinished prefill chunks) first
             if seq not in self.running or seq.finished:  # preempted, or seated until the
                 continue  # lockstep batch ends (static and dynamic policies)

@@ -1,0 +1,164 @@
+"""``LLM``: the serving engine, with vLLM's offline API and a streaming request API.
+
+    from minillm.serve import LLM
+    from minillm import SamplingParams
+    llm = LLM("smollm2")
+    outputs = llm.generate(["The capital of France is", "Once upon a time"],
+                           SamplingParams(max_tokens=32))
+
+Underneath, every :meth:`step` is one iteration: the scheduler picks the work
+(:mod:`.scheduler`), the block manager gives it cache blocks (:mod:`.block_manager`), the
+runner computes and samples (:mod:`.runner`). Requests join and leave between steps, so
+``add_request`` / :meth:`stream` / :meth:`abort` work while others are running (what the
+HTTP server sits on).
+
+Bad requests do not take the batch down: an empty prompt, a prompt longer than the
+context, or a request that needs more KV blocks than the whole pool finishes at once with
+``finish_reason`` "error" and a message; the other requests go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from ..model import Transformer
+from ..sampling import SamplingParams
+from .block_manager import BlockManager
+from .runner import ModelRunner
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import FinishReason, Sequence
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_tokens: list[int]
+    tokens: list[int]  # generated tokens (a stop token included)
+    text: str | None
+    finish_reason: str | None
+    error: str | None = None
+
+
+class LLM:
+    """A continuous-batching engine over a paged KV cache of ``num_blocks`` blocks."""
+
+    def __init__(self, model: str | Transformer = "smollm2", *, block_size: int = 16,
+                 num_blocks: int = 1024, prefix_caching: bool = True,
+                 scheduler: SchedulerConfig | None = None, tokenizer=None):
+        if isinstance(model, Transformer):
+            self.model, self.tokenizer = model, tokenizer
+        else:
+            from ..checkpoint import load_model
+            from ..tokenizer import Tokenizer
+
+            self.model = load_model(model)
+            self.tokenizer = tokenizer or Tokenizer(model)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(scheduler or SchedulerConfig(), self.blocks)
+        self.runner = ModelRunner(self.model, num_blocks, block_size)
+        self.requests: dict[int, Sequence] = {}
+
+    # -- requests -----------------------------------------------------------------------
+
+    def _tokens(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass token ids")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def _rejection(self, seq: Sequence) -> str | None:
+        """Why ``seq`` cannot be served, or None."""
+        context, vocab = self.model.config.max_position_embeddings, self.model.config.vocab_size
+        needed = self.blocks.blocks_for(seq.num_prompt_tokens + seq.max_tokens)
+        if not seq.prompt:
+            return "the prompt is empty; give at least one token"
+        if any(not 0 <= t < vocab for t in seq.prompt):
+            return f"the prompt has token ids outside the vocabulary (0..{vocab - 1})"
+        if seq.num_prompt_tokens + seq.max_tokens > context:
+            return (f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens "
+                    f"({seq.max_tokens}) exceeds the model's context of {context} tokens")
+        if needed > self.blocks.num_blocks:
+            return (f"the request needs {needed} KV blocks but the pool has "
+                    f"{self.blocks.num_blocks}; lower max_tokens or give the engine more blocks")
+        return None
+
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams = SamplingParams()
+                    ) -> Sequence:
+        """Queue one request; a request that cannot be served is finished with an error."""
+        stop = set(params.stop_token_ids)
+        if self.tokenizer is not None:
+            stop |= set(self.tokenizer.stop_tokens)
+        seq = Sequence(prompt=self._tokens(prompt), params=params, max_tokens=params.max_tokens,
+                       stop_tokens=frozenset(stop))
+        self.requests[seq.id] = seq
+        if (reason := self._rejection(seq)) is not None:
+            seq.finish(FinishReason.ERROR, reason)
+        else:
+            self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Cancel a request; its blocks are free after this call."""
+        if not seq.finished:
+            self.scheduler.abort(seq)
+        self.runner.forget(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[Sequence]:
+        """One iteration of the engine; returns the sequences that finished in it."""
+        step = self.scheduler.schedule()
+        if not step.work:
+            return []
+        sampled = self.runner.run(step)
+        finished = self.scheduler.finish_step(step, sampled)
+        for seq in finished:
+            self.runner.forget(seq)
+        return finished
+
+    # -- offline and streaming use --------------------------------------------------------
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        text = self.tokenizer.decode(seq.output) if self.tokenizer is not None else None
+        reason = seq.finish_reason.value if seq.finish_reason else None
+        return RequestOutput(seq.id, seq.prompt, list(seq.output), text, reason, seq.error)
+
+    def generate(self, prompts: Seq[str | Seq[int]],
+                 params: SamplingParams | Seq[SamplingParams] = SamplingParams(),
+                 progress: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion (one SamplingParams, or one per prompt)."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        with tqdm(total=len(seqs), desc="requests", disable=not progress) as bar:
+            bar.update(sum(seq.finished for seq in seqs))
+            while self.has_work:
+                bar.update(len(self.step()))
+        return [self.output(seq) for seq in seqs]
+
+    def stream(self, prompt: str | Seq[int], params: SamplingParams = SamplingParams()
+               ) -> Iterator[int]:
+        """Yield one request's tokens as they are sampled, stepping the engine (with every
+        other request in it). Closing the generator aborts the request."""
+        seq = self.add_request(prompt, params)
+        sent = 0
+        try:
+            while not seq.finished:
+                self.step()
+                yield from seq.output[sent:]
+                sent = len(seq.output)
+            yield from seq.output[sent:]
+        finally:
+            self.abort(seq)
+
+    def free_blocks(self) -> int:
+        return self.blocks.num_free
