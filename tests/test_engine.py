@@ -60,7 +60,8 @@ def test_mixed_sampling_parameters_are_reproducible_per_request(tiny):
               SamplingParams(temperature=1.0, top_k=5, top_p=0.8, seed=4, max_tokens=11)]
     outputs = engine(tiny, max_batch=4, max_tokens_per_step=8).generate(PROMPTS, params,
                                                                          progress=False)
-    assert [o.tokens for o in outputs] == [alone(tiny, p, sp) for p, sp in zip(PROMPTS, params, strict=True)]
+    expected = [alone(tiny, p, sp) for p, sp in zip(PROMPTS, params, strict=True)]
+    assert [o.tokens for o in outputs] == expected
 
 
 def test_stop_tokens_end_a_request(tiny):
