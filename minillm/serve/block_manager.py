@@ -135,7 +135,7 @@ class BlockManager:
         for block in hits:
             self._take(block)
         seq.block_table = [block.id for block in hits]
-        seq.num_computed = len(hits) * self.block_size
+        seq.num_computed = seq.cached_tokens = len(hits) * self.block_size
         return seq.num_computed
 
     def new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:

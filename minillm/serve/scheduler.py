@@ -12,10 +12,12 @@ scheduler fills it, and the policy is what this chapter is about:
   requests leave and waiting ones join, as long as the token budget and the KV blocks
   allow.
 
-With ``chunked_prefill`` a step computes at most ``max_tokens_per_step`` tokens: running
-decodes first (one token each), then as much of waiting prompts as fits, so a long prompt
-is split over several steps instead of stalling every decode behind it (Agrawal et al.
-2023, Sarathi). Without it a prompt is computed whole, in one step.
+Without chunked prefill, prompts go first (vLLM's original policy): when requests can
+join, the step computes their whole prompts and nothing else, so every running decode
+stalls for the length of that prefill. With ``chunked_prefill`` a step computes at most
+``max_tokens_per_step`` tokens: running decodes first (one token each), then as much of
+the waiting prompts as fits, so a long prompt is split over several steps and the decodes
+keep flowing (Agrawal et al. 2023, Sarathi).
 
 When the pool runs out of blocks, the most recently started running request is
 **preempted by recompute**: its blocks are freed, its counter of computed tokens goes back
@@ -101,6 +103,10 @@ class Scheduler:
         candidates = [seq for seq in self.running if not seq.finished]
         if candidates and self.random.random() < self.config.random_preemption:
             self._preempt(self.random.choice(candidates), step)
+        if not self.config.chunked_prefill and self._may_admit(now):
+            self._admit(step, budget)  # prefill first: a step of whole prompts only
+            if step.work:
+                return step
         for seq in list(self.running):  # decodes (and unfinished prefill chunks) first
             if seq not in self.running or seq.finished:  # preempted, or seated until the
                 continue  # lockstep batch ends (static and dynamic policies)
@@ -112,7 +118,7 @@ class Scheduler:
                 continue
             step.work.append((seq, n))
             budget -= n
-        if self._may_admit(now):
+        if self.config.chunked_prefill and self._may_admit(now):
             self._admit(step, budget)
         return step
 

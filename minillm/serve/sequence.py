@@ -47,6 +47,7 @@ class Sequence:
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
     num_computed: int = 0
+    cached_tokens: int = 0  # tokens found in the prefix cache when it (last) started
     block_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None

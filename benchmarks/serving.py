@@ -1,0 +1,210 @@
+"""Serving SmolLM2 on this CPU: batching policies, paged KV memory, prefix caching and
+chunked prefill, each measured on one seeded trace in one run.
+
+    python benchmarks/serving.py              # every table (about 15 minutes on 2 cores)
+    python benchmarks/serving.py --requests 16 --only policies
+
+Tables (docs/benchmarks.md records them):
+
+1. **policies**: one Poisson trace of real chat prompts with long-tailed output lengths,
+   served by Hugging Face ``generate`` one request at a time, and by the engine with
+   static, dynamic and continuous batching (and chunked prefill) at the same max batch:
+   throughput, P50/P95 TTFT and TPOT. Every engine row's greedy tokens are checked
+   against the one-at-a-time run.
+2. **memory**: KV slots allocated vs used during the continuous run, paged (blocks of 16)
+   vs a contiguous cache that reserves prompt + max_tokens per request up front.
+3. **prefix**: 16 requests sharing a 512-token system prompt, with and without prefix
+   caching: prompt tokens computed, TTFT.
+4. **chunked**: P95 inter-token latency of running decodes while long prompts arrive, with
+   and without chunked prefill, and the throughput it costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from minillm import SamplingParams, Tokenizer, load_model
+from minillm.data import load_documents
+from minillm.serve import LLM, SchedulerConfig
+from minillm.serve.metrics import Summary, summarize
+from minillm.serve.sequence import Sequence
+from minillm.serve.workload import TraceRequest, make_trace, replay
+
+BLOCK_SIZE = 16
+
+
+def hf_one_at_a_time(hf, trace: list[TraceRequest], stop_tokens) -> list[Sequence]:
+    """The baseline: one request at a time through Hugging Face ``generate`` (a streamer
+    records when each token comes), queueing the others."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Clock(BaseStreamer):
+        def __init__(self):
+            self.times, self.calls = [], 0
+
+        def put(self, value):  # first call: the prompt; then one call per new token
+            self.calls += 1
+            if self.calls > 1:
+                self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    start, seqs = time.perf_counter(), []
+    for request in trace:
+        time.sleep(max(0.0, request.arrival - (time.perf_counter() - start)))
+        clock = Clock()
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([request.prompt]), max_new_tokens=request.max_tokens,
+                              do_sample=False, streamer=clock, eos_token_id=list(stop_tokens),
+                              pad_token_id=stop_tokens[0])
+        seq = Sequence(prompt=request.prompt, arrival_time=start + request.arrival)
+        seq.output = out[0, len(request.prompt):].tolist()
+        seq.token_times = clock.times[:len(seq.output)]
+        seqs.append(seq)
+    return seqs
+
+
+def engine(model, tokenizer, num_blocks=2048, prefix_caching=True, **config) -> LLM:
+    return LLM(model, tokenizer=tokenizer, block_size=BLOCK_SIZE, num_blocks=num_blocks,
+               prefix_caching=prefix_caching, scheduler=SchedulerConfig(**config))
+
+
+def row(name: str, s: Summary, base: Summary, same: str) -> str:
+    return (f"| {name} | {s.throughput:.1f} | {s.throughput / base.throughput:.2f}x | "
+            f"{s.ttft['p50']:.2f} / {s.ttft['p95']:.2f} | "
+            f"{1000 * s.tpot['p50']:.0f} / {1000 * s.tpot['p95']:.0f} | {same} |")
+
+
+class MemoryProbe:
+    """Counts KV slots each step: used (tokens in the cache), allocated by the paged cache
+    (distinct blocks in use x block size), and reserved by a contiguous cache (prompt +
+    max_tokens for every running request)."""
+
+    def __init__(self, llm: LLM):
+        self.llm, self.used, self.paged, self.contiguous = llm, 0, 0, 0
+        step = llm.step
+
+        def measured_step():
+            running = llm.scheduler.running
+            self.used += sum(seq.num_computed for seq in running)
+            self.paged += BLOCK_SIZE * len({b for seq in running for b in seq.block_table})
+            self.contiguous += sum(seq.num_prompt_tokens + seq.max_tokens for seq in running)
+            return step()
+
+        llm.step = measured_step
+
+
+def policies_table(model, hf, tokenizer, trace, max_batch: int):
+    stop = tokenizer.stop_tokens
+    print(f"\n## Batching policies: {len(trace)} requests, max batch {max_batch}")
+    baseline = hf_one_at_a_time(hf, trace, stop)
+    base = summarize(baseline)
+    expected = [seq.output for seq in baseline]
+    print("| policy | tokens/s | vs HF one at a time | TTFT P50 / P95 (s) "
+          "| TPOT P50 / P95 (ms) | same tokens |\n|---|---:|---:|---:|---:|---|")
+    print(row("Hugging Face generate, one request at a time", base, base, "(reference)"))
+    policies = {
+        "static": dict(policy="static", max_batch=max_batch, chunked_prefill=False),
+        "dynamic (wait 1 s)": dict(policy="dynamic", max_batch=max_batch, max_wait=1.0,
+                                   chunked_prefill=False),
+        "continuous": dict(policy="continuous", max_batch=max_batch, chunked_prefill=False),
+        "continuous + chunked prefill (256)": dict(max_batch=max_batch,
+                                                   max_tokens_per_step=256),
+    }
+    probe = None
+    for name, config in policies.items():
+        llm = engine(model, tokenizer, **config)
+        if name == "continuous":
+            probe = MemoryProbe(llm)
+        seqs = replay(llm, trace)
+        same = "yes" if [seq.output for seq in seqs] == expected else "NO"
+        print(row(name, summarize(seqs), base, same))
+    print(f"\n## KV memory during the continuous run (blocks of {BLOCK_SIZE})")
+    print("| cache | slots allocated per slot used | waste |\n|---|---:|---:|")
+    for name, allocated in (("contiguous, prompt + max_tokens reserved", probe.contiguous),
+                            ("paged", probe.paged)):
+        print(f"| {name} | {allocated / probe.used:.2f} | "
+              f"{100 * (1 - probe.used / allocated):.1f}% |")
+
+
+def prefix_table(model, tokenizer, system_tokens: int = 512, requests: int = 16):
+    documents = load_documents("wikipedia", "train")
+    system = tokenizer.encode(" ".join(documents[:5]))[:system_tokens]
+    prompts = [system + tokenizer.chat_prompt(q) for q in
+               [f"Question {i}: what is the main topic?" for i in range(requests)]]
+    print(f"\n## Prefix caching: {requests} requests sharing a {system_tokens}-token prefix")
+    print("| prefix caching | prompt tokens computed | TTFT mean (s) | TTFT of hits (s) |"
+          "\n|---|---:|---:|---:|")
+    for enabled in (False, True):
+        llm = engine(model, tokenizer, prefix_caching=enabled, max_batch=1)
+        computed, ttfts = 0, []
+        for prompt in prompts:  # one after another: each later request may hit
+            seq = llm.add_request(prompt, SamplingParams(max_tokens=1))
+            start = time.perf_counter()
+            while llm.has_work:
+                llm.step()
+            computed += seq.num_prompt_tokens - seq.cached_tokens
+            ttfts.append(seq.token_times[0] - start)
+        print(f"| {'on' if enabled else 'off'} | {computed} | {np.mean(ttfts):.3f} | "
+              f"{np.mean(ttfts[1:]):.3f} |")
+
+
+def chunked_table(model, tokenizer, trace, long_prompt_tokens: int = 1024):
+    documents = load_documents("wikipedia", "train")
+    long = tokenizer.encode(" ".join(documents[10:20]))[:long_prompt_tokens]
+    print(f"\n## Chunked prefill: decodes running while {long_prompt_tokens}-token prompts "
+          "arrive")
+    print("| prefill | ITL P50 / P95 (ms) | tokens/s |\n|---|---:|---:|")
+    mixed = [TraceRequest(r.arrival, r.prompt, 48) for r in trace[:8]]
+    mixed += [TraceRequest(2.0 + i, long, 8) for i in range(3)]
+    mixed.sort(key=lambda r: r.arrival)
+    for name, config in (("whole prompts", dict(chunked_prefill=False)),
+                         ("chunks of 128 tokens", dict(max_tokens_per_step=128))):
+        llm = engine(model, tokenizer, max_batch=12, **config)
+        s = summarize(replay(llm, mixed))
+        print(f"| {name} | {1000 * s.itl['p50']:.0f} / {1000 * s.itl['p95']:.0f} | "
+              f"{s.throughput:.1f} |")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second")
+    parser.add_argument("--median-tokens", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", nargs="*", default=["policies", "prefix", "chunked"])
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    tokenizer = Tokenizer("smollm2")
+    model = load_model("smollm2")
+    passages = load_documents("sotu", "train")[:200]
+    trace = make_trace(tokenizer, args.requests, args.rate, args.median_tokens, seed=0,
+                       passages=passages)
+    print(f"trace: {len(trace)} requests over {trace[-1].arrival:.1f} s, prompt tokens "
+          f"{int(np.mean([len(r.prompt) for r in trace]))} mean, output tokens "
+          f"{int(np.median([r.max_tokens for r in trace]))} median / "
+          f"{max(r.max_tokens for r in trace)} max; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    if "policies" in args.only:
+        from transformers import AutoModelForCausalLM
+
+        from minillm.assets import fetch_course_model
+
+        hf = AutoModelForCausalLM.from_pretrained(fetch_course_model(),
+                                                  dtype=torch.float32).eval()
+        policies_table(model, hf, tokenizer, trace, args.max_batch)
+    if "prefix" in args.only:
+        prefix_table(model, tokenizer)
+    if "chunked" in args.only:
+        chunked_table(model, tokenizer, trace)
+
+
+if __name__ == "__main__":
+    main()
