@@ -1,0 +1,98 @@
+"""Beyond this CPU, on paper: the engine's own scheduler driven by a cost model.
+
+A step of the engine reads every weight once, reads the KV cache of every sequence in the
+batch, and does about 2 x parameters FLOPs per new token. So its time is roughly
+
+    step(new tokens n, cached tokens c) = overhead
+        + max((weight bytes + c x KV bytes per token) / bandwidth, n x FLOPs per token / FLOP/s)
+
+— the roofline of chapter 01 applied to one iteration: decode steps are memory-bound,
+long prefills compute-bound. :class:`CostModel` is that formula. Its three machine numbers
+are *measured* here (:meth:`CostModel.fit` to the engine's real step times) or *taken from
+a data sheet* (:meth:`CostModel.for_model` with a GPU's bandwidth and FLOP/s), which is how
+the chapter projects Llama-2-7B/70B-class models onto one GPU: a projection, not a
+measurement.
+
+:func:`simulate` runs the real :class:`~minillm.serve.scheduler.Scheduler` and
+:class:`~minillm.serve.block_manager.BlockManager` on a trace with no model at all: each
+step advances a simulated clock by the cost model's time, every running request receives a
+token, and the usual metrics come out (:mod:`.metrics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelConfig
+from .block_manager import BlockManager
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import Sequence
+from .workload import TraceRequest
+
+
+@dataclass(frozen=True)
+class CostModel:
+    weight_bytes: float  # read once per step
+    kv_bytes_per_token: float  # K and V of one cached token, all layers
+    flops_per_token: float  # about 2 x parameters
+    bandwidth: float  # bytes / s the machine sustains
+    flops: float  # FLOP / s the machine sustains
+    overhead: float = 0.0  # seconds per step spent outside the model (scheduling, launch)
+
+    def step_time(self, new_tokens: int, cached_tokens: int) -> float:
+        memory = (self.weight_bytes + cached_tokens * self.kv_bytes_per_token) / self.bandwidth
+        compute = new_tokens * self.flops_per_token / self.flops
+        return self.overhead + max(memory, compute)
+
+    @classmethod
+    def for_model(cls, config: ModelConfig, bandwidth: float, flops: float,
+                  bytes_per_weight: float = 2.0, bytes_per_kv: float = 2.0,
+                  overhead: float = 0.0) -> CostModel:
+        """A model (from its config) on a machine given by its data-sheet numbers."""
+        params = config.num_parameters()
+        kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * bytes_per_kv
+        return cls(params * bytes_per_weight, kv, 2.0 * params, bandwidth, flops, overhead)
+
+    def fit(self, measured: list[tuple[int, int, float]]) -> CostModel:
+        """The same model with bandwidth, FLOP/s and overhead fitted to measured steps
+        ``(new tokens, cached tokens, seconds)``: least squares on the memory-bound steps
+        (one token per sequence) for bandwidth and overhead, the largest prefill for FLOP/s."""
+        decodes = [(n, c, t) for n, c, t in measured if n <= 16]
+        prefills = [(n, c, t) for n, c, t in measured if n > 16]
+        if len(decodes) < 2 or not prefills:
+            raise ValueError("fit needs at least two decode steps and one prefill step")
+        data = np.array([(self.weight_bytes + c * self.kv_bytes_per_token, t)
+                         for _, c, t in decodes])
+        slope, intercept = np.polyfit(data[:, 0], data[:, 1], 1)
+        overhead = max(float(intercept), 0.0)
+        n, c, t = max(prefills)
+        flops = n * self.flops_per_token / max(t - overhead, 1e-9)
+        return CostModel(self.weight_bytes, self.kv_bytes_per_token, self.flops_per_token,
+                         1.0 / slope, flops, overhead)
+
+
+def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig,
+             num_blocks: int, block_size: int = 16) -> list[Sequence]:
+    """Serve ``trace`` on a simulated clock; returns the finished sequences (trace order)."""
+    blocks = BlockManager(num_blocks, block_size)
+    scheduler = Scheduler(config, blocks)
+    pending = sorted(trace, key=lambda r: r.arrival)
+    seqs, clock = [], 0.0
+    while pending or scheduler.has_work:
+        while pending and pending[0].arrival <= clock:
+            request = pending.pop(0)
+            seq = Sequence(prompt=request.prompt, max_tokens=request.max_tokens,
+                           arrival_time=request.arrival)
+            scheduler.add(seq)
+            seqs.append(seq)
+        step = scheduler.schedule(now=clock)
+        if not step.work:
+            clock = pending[0].arrival if pending else clock
+            continue
+        cached = sum(seq.num_computed for seq, _ in step.work)
+        clock += cost.step_time(step.num_tokens, cached)
+        sampled = {seq.id: 0 for seq, n in step.work if seq.num_computed + n == seq.num_tokens}
+        scheduler.finish_step(step, sampled, now=clock)
+    return seqs
