@@ -92,3 +92,26 @@ def test_the_registry_and_the_cli_offer_the_same_methods():
     method = next(a for a in quantize._actions if a.dest == "method")
     assert list(method.choices) == list(QUANTIZERS)
     assert json.dumps(sorted(QUANTIZERS))  # names are plain strings
+
+
+@pytest.mark.slow
+def test_generate_runs_a_quantized_checkpoint_through_the_compiled_fast_path(
+        capsys, tmp_path, tokenizer):
+    """``minillm quantize`` then ``minillm generate --model DIR``: weight-only layers, the
+    decode step compiled (its time reported), the tokens of the slow path."""
+    from minillm.checkpoint import load_model
+    from minillm.generate import generate
+
+    tiny_pair(tmp_path / "float", vocab_size=49152, tie_word_embeddings=True)
+    tokenizer.hf.save_pretrained(tmp_path / "float")
+    out = tmp_path / "int8"
+    assert run_cli(capsys, "quantize", str(out), "--model", str(tmp_path / "float"),
+                   "--bits", "8", "--symmetric", "--group-size", "0",
+                   "--embedding", "int8")[0] == 0
+    code, text, err = run_cli(capsys, "generate", "Hello", "--model", str(out),
+                              "--max-new-tokens", "6")
+    assert code == 0 and "decode step compiled in" in err
+    expected = generate(load_model(out), tokenizer.encode("Hello"), 6,
+                        stop_tokens=tokenizer.stop_tokens)[0]
+    expected = [t for t in expected if t not in tokenizer.stop_tokens]
+    assert text == "Hello" + tokenizer.decode(expected) + "\n"
