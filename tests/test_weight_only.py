@@ -127,7 +127,7 @@ def test_smollm2_fast_path_gives_the_slow_paths_tokens(smollm2, tokenizer, schem
     with torch.no_grad(), reduction_path():
         torch.testing.assert_close(fast(torch.tensor([prompt[-1:]])),
                                    slow(torch.tensor([prompt[-1:]])), atol=1e-4, rtol=1e-4)
-        assert generate(fast, prompt, 16) == generate(slow, prompt, 16)
+        assert generate(fast, prompt, 8) == generate(slow, prompt, 8)
 
 
 @pytest.mark.smollm2
@@ -138,5 +138,5 @@ def test_smollm2_compiled_fast_path_gives_the_eager_tokens(smollm2, tokenizer):
     model = to_weight_only(compact_embedding(
         quantize_model(copy.deepcopy(smollm2), "rtn", QuantScheme(4, False, 32)), "int8"))
     prompt = tokenizer.chat_prompt("Name three colours.")
-    expected = generate(model, prompt, 12)
-    assert generate(compile_decode(model, autotune=False), prompt, 12) == expected
+    expected = generate(model, prompt, 8)
+    assert generate(compile_decode(model, autotune=False), prompt, 8) == expected
