@@ -100,15 +100,23 @@ def test_to_weight_only_converts_layers_and_shares_the_int8_head(tmp_path):
         torch.testing.assert_close(fast(ids), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_quantized_checkpoint_loads_into_the_fast_path(tmp_path):
+CHECKPOINTS = {"rtn int8": ("rtn", QuantScheme(8, True, None)),
+               "gptq int4 g16": ("gptq", QuantScheme(4, False, 16)),
+               "awq int4 g16": ("awq", QuantScheme(4, False, 16))}
+
+
+@pytest.mark.parametrize("method, scheme", CHECKPOINTS.values(), ids=CHECKPOINTS.keys())
+def test_quantized_checkpoints_load_into_the_fast_path(tmp_path, method, scheme):
     from minillm.checkpoint import load_model
     from minillm.quant.checkpoint import save_quantized
 
     model, _ = tiny_pair(tmp_path / "float", tie_word_embeddings=True)
-    quantized = compact_embedding(quantize_model(model, "rtn", QuantScheme(8, True, None)),
-                                  "int8")
-    save_quantized(quantized, tmp_path / "int8")
-    fast = to_weight_only(load_model(tmp_path / "int8"))
+    windows = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    quantized = quantize_model(model, method, scheme, windows=None if method == "rtn" else windows)
+    quantized = compact_embedding(quantized, "int8")
+    save_quantized(quantized, tmp_path / method)
+    fast = to_weight_only(load_model(tmp_path / method))
+    assert isinstance(fast.layers[1].attn.q_proj, WeightOnlyLinear)
     prompt = [5, 17, 99, 3]
     with reduction_path():
         assert generate(fast, prompt, 12) == generate(quantized, prompt, 12)
