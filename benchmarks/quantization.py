@@ -7,8 +7,9 @@ Perplexity is measured on a named slice of the Wikipedia eval split
 (:class:`minillm.eval.EvalSlice`): ``--eval-windows`` windows of 512 tokens spread evenly
 over the split, like the course's ``WIKI_EVAL`` (8 windows) but larger by default (32).
 GPTQ, AWQ and Wanda calibrate on ``--calib-windows`` windows of 512 tokens from the State of
-the Union train split (seed 0): never the eval text. GPTQ and AWQ run with the library's defaults (GPTQ: damp 0.1, act-order, lazy blocks of 128; AWQ: a grid
-of 20 for alpha and for clipping, alpha scored on 512 sampled tokens per block input).
+the Union train split (seed 0): never the eval text. GPTQ and AWQ run with the library's
+defaults (GPTQ: damp 0.1, act-order, lazy blocks of 128; AWQ: a grid of 20 for alpha and for
+clipping, alpha scored on 512 sampled tokens per block input).
 
 Bytes are measured on the quantized modules (codes, scales, zeros, metadata), not estimated:
 
