@@ -78,14 +78,17 @@ class BlockManager:
 
     # -- prefix cache -------------------------------------------------------------------
 
-    def _full_blocks(self, tokens: list[int], count: int):
-        """(parent hash, token ids, hash) of the first ``count`` full blocks of ``tokens``."""
-        parent = None
-        for i in range(count):
-            ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
-            block_hash = chain_hash(parent, ids)
-            yield parent, ids, block_hash
-            parent = block_hash
+    def prefix_hashes(self, tokens: list[int]) -> list[int]:
+        """The chain hashes of the full blocks of ``tokens`` that a starting sequence may find
+        in the cache: every full block except the one holding the last token (that token
+        must be computed: its logits give the next token). A subclass may override this
+        (chapter 12 plugs in the learner's version); :meth:`cached_prefix_blocks` still
+        checks each hit's token ids and parent."""
+        size, hashes, parent = self.block_size, [], None
+        for i in range((len(tokens) - 1) // size):
+            parent = chain_hash(parent, tuple(tokens[i * size:(i + 1) * size]))
+            hashes.append(parent)
+        return hashes
 
     def _lookup(self, parent: int | None, ids: tuple[int, ...], block_hash: int) -> Block | None:
         block = self.blocks[self.cached[block_hash]] if block_hash in self.cached else None
@@ -94,18 +97,19 @@ class BlockManager:
         return block
 
     def cached_prefix_blocks(self, seq: Sequence) -> list[Block]:
-        """The cached blocks a starting sequence can reuse: its full blocks of tokens (the
-        prompt, and after a preemption the output so far), not the one holding its last
-        token."""
+        """The cached blocks a starting sequence can reuse: the longest run of its full blocks
+        of tokens (the prompt, and after a preemption the output so far) found in the cache,
+        never the one holding its last token."""
         if not self.prefix_caching:
             return []
-        hits = []
-        usable = (seq.num_tokens - 1) // self.block_size
-        for parent, ids, block_hash in self._full_blocks(seq.tokens, usable):
+        hits, parent, tokens = [], None, seq.tokens
+        for i, block_hash in enumerate(self.prefix_hashes(tokens)):
+            ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
             block = self._lookup(parent, ids, block_hash)
             if block is None:
                 break
             hits.append(block)
+            parent = block_hash
         return hits
 
     # -- allocation ---------------------------------------------------------------------

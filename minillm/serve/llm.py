@@ -15,6 +15,12 @@ HTTP server sits on).
 Bad requests do not take the batch down: an empty prompt, a prompt longer than the
 context, or a request that needs more KV blocks than the whole pool finishes at once with
 ``finish_reason`` "error" and a message; the other requests go on.
+
+Its parts can be swapped for your own (the course's "your code in the engine"):
+``block_manager=`` a :class:`~.block_manager.BlockManager` (or subclass) instance,
+``slot_mapping=`` the function that places new keys and values in the pool
+(:class:`~.runner.ModelRunner`), and ``SchedulerConfig(plan=...)`` the function that splits
+a step's token budget (:func:`~.scheduler.plan_chunked_step`).
 """
 
 from __future__ import annotations
@@ -25,10 +31,11 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
+from ..attention.paged import slot_mapping as default_slot_mapping
 from ..model import Transformer
 from ..sampling import SamplingParams
 from .block_manager import BlockManager
-from .runner import ModelRunner
+from .runner import ModelRunner, SlotMapping
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import FinishReason, Sequence
 
@@ -44,11 +51,15 @@ class RequestOutput:
 
 
 class LLM:
-    """A continuous-batching engine over a paged KV cache of ``num_blocks`` blocks."""
+    """A continuous-batching engine over a paged KV cache of ``num_blocks`` blocks of
+    ``block_size`` token slots. Given a ``block_manager``, the engine uses it (and its pool
+    and block sizes) instead of building one from those three arguments."""
 
     def __init__(self, model: str | Transformer = "smollm2", *, block_size: int = 16,
                  num_blocks: int = 1024, prefix_caching: bool = True,
-                 scheduler: SchedulerConfig | None = None, tokenizer=None):
+                 scheduler: SchedulerConfig | None = None, tokenizer=None,
+                 block_manager: BlockManager | None = None,
+                 slot_mapping: SlotMapping = default_slot_mapping):
         if isinstance(model, Transformer):
             self.model, self.tokenizer = model, tokenizer
         else:
@@ -57,9 +68,10 @@ class LLM:
 
             self.model = load_model(model)
             self.tokenizer = tokenizer or Tokenizer(model)
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.blocks = block_manager or BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(scheduler or SchedulerConfig(), self.blocks)
-        self.runner = ModelRunner(self.model, num_blocks, block_size)
+        self.runner = ModelRunner(self.model, self.blocks.num_blocks, self.blocks.block_size,
+                                  slot_mapping)
         self.requests: dict[int, Sequence] = {}
 
     # -- requests -----------------------------------------------------------------------

@@ -8,9 +8,14 @@ token ids, positions and pool slots, describes them to the cache
 whose tokens are now all computed (a prefill chunk that does not reach the end of its
 prompt samples nothing). Each request samples with its own seeded generator, so its tokens
 do not depend on what else shares its batches.
+
+``slot_mapping`` is the function that says where each new token's keys and values go in
+the pool (:func:`minillm.attention.paged.slot_mapping`); chapter 12 passes the learner's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -21,10 +26,16 @@ from .paged_cache import AttentionMetadata, PagedKVCache
 from .scheduler import Step
 from .sequence import Sequence
 
+SlotMapping = Callable[[list[int], int, int, int], list[int]]
+
 
 class ModelRunner:
-    def __init__(self, model: Transformer, num_blocks: int, block_size: int):
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int,
+                 slot_mapping: SlotMapping = slot_mapping):
+        """``slot_mapping(block_table, start, count, block_size)``: the pool slots of a
+        sequence's tokens ``start .. start + count - 1``."""
         self.model = model
+        self.slot_mapping = slot_mapping
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype,
                                   model.device)
         self.generators: dict[int, torch.Generator] = {}
@@ -38,7 +49,7 @@ class ModelRunner:
             start = seq.num_computed
             tokens += seq.tokens[start:start + n]
             positions += range(start, start + n)
-            slots += slot_mapping(seq.block_table, start, n, self.cache.block_size)
+            slots += self.slot_mapping(seq.block_table, start, n, self.cache.block_size)
             if start + n == seq.num_tokens:  # the whole sequence is in: its next token
                 last_rows.append(len(tokens) - 1)
                 sampled.append(seq)

@@ -15,9 +15,11 @@ scheduler fills it, and the policy is what this chapter is about:
 Without chunked prefill, prompts go first (vLLM's original policy): when requests can
 join, the step computes their whole prompts and nothing else, so every running decode
 stalls for the length of that prefill. With ``chunked_prefill`` a step computes at most
-``max_tokens_per_step`` tokens: running decodes first (one token each), then as much of
-the waiting prompts as fits, so a long prompt is split over several steps and the decodes
-keep flowing (Agrawal et al. 2023, Sarathi).
+``max_tokens_per_step`` tokens: running decodes first (one token each), then the prompts
+already started, then as much of the waiting prompts as fits, so a long prompt is split
+over several steps and the decodes keep flowing (Agrawal et al. 2023, Sarathi). That split
+is a pure function of token counts, :func:`plan_chunked_step`; ``SchedulerConfig(plan=...)``
+replaces it (chapter 13 plugs in the learner's), and the scheduler checks what it returns.
 
 When the pool runs out of blocks, the most recently started running request is
 **preempted by recompute**: its blocks are freed, its counter of computed tokens goes back
@@ -27,15 +29,45 @@ make the recompute cheap). Requests are served first come, first served.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import FinishReason, Sequence, Status
 
 POLICIES = ("static", "dynamic", "continuous")
+
+
+def plan_chunked_step(running: list[int], waiting: list[int], token_budget: int,
+                      max_running: int) -> list[int]:
+    """How one chunked-prefill step spends its token budget (Sarathi's order, FCFS).
+
+    ``running``: the tokens each running request still has to compute (1 for a decode,
+    more for a prompt not yet all computed), in the order they started; ``waiting``: the
+    same for the queue, oldest first. Decodes go first (one token each), then the started
+    prompts in order, then waiting requests join in order while seats (``max_running``
+    requests in all) and budget remain; any of them may get just a chunk. Returns one count
+    per running request (0: nothing this step), then one (>= 1) per waiting request that
+    joins."""
+    counts = [0] * len(running)
+    for decodes_pass in (True, False):
+        for i, need in enumerate(running):
+            if (need == 1) == decodes_pass:
+                counts[i] = min(need, token_budget)
+                token_budget -= counts[i]
+    for need in waiting[:max_running - len(running)]:
+        if token_budget == 0:
+            break
+        counts.append(min(need, token_budget))
+        token_budget -= counts[-1]
+    return counts
+
+
+Plan = Callable[[list[int], list[int], int, int], list[int]]
 
 
 @dataclass
@@ -47,6 +79,7 @@ class SchedulerConfig:
     max_wait: float = 0.05  # dynamic batching: seconds the oldest request may wait
     random_preemption: float = 0.0  # tests: chance per step of preempting a running request
     seed: int = 0  # ... drawn from a generator seeded with this
+    plan: Plan = plan_chunked_step  # chunked prefill: how a step's token budget is split
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -99,28 +132,47 @@ class Scheduler:
         """Choose the work of the next forward pass."""
         now = time.perf_counter() if now is None else now
         step = Step()
-        budget = self.config.max_tokens_per_step
         candidates = [seq for seq in self.running if not seq.finished]
         if candidates and self.random.random() < self.config.random_preemption:
             self._preempt(self.random.choice(candidates), step)
-        if not self.config.chunked_prefill and self._may_admit(now):
-            self._admit(step, budget)  # prefill first: a step of whole prompts only
-            if step.work:
-                return step
-        for seq in list(self.running):  # decodes (and unfinished prefill chunks) first
-            if seq not in self.running or seq.finished:  # preempted, or seated until the
-                continue  # lockstep batch ends (static and dynamic policies)
-            n = min(seq.num_uncomputed, budget) if self.config.chunked_prefill \
-                else seq.num_uncomputed
-            if n == 0:
-                continue
-            if not self._reserve_or_preempt(seq, n, step):
-                continue
-            step.work.append((seq, n))
-            budget -= n
-        if self.config.chunked_prefill and self._may_admit(now):
-            self._admit(step, budget)
+        if self.config.chunked_prefill:
+            self._schedule_chunks(step, now)
+        else:
+            self._schedule_whole_prompts(step, now)
         return step
+
+    def _schedule_chunks(self, step: Step, now: float) -> None:
+        """Split the token budget with ``config.plan``, then reserve blocks in its order:
+        running requests (preempting if the pool is short), then joining ones."""
+        # seated until their lockstep batch ends (static and dynamic policies):
+        running = [seq for seq in self.running if not seq.finished]
+        seats = self.config.max_batch - len(self.running)
+        waiting = list(itertools.islice(self.waiting, seats)) \
+            if self._may_admit(now) else []
+        needs = [seq.num_uncomputed for seq in running]
+        waiting_needs = [seq.num_tokens - self.blocks.block_size
+                         * len(self.blocks.cached_prefix_blocks(seq)) for seq in waiting]
+        budget = self.config.max_tokens_per_step
+        counts = list(self.config.plan(needs, waiting_needs, budget, self.config.max_batch))
+        _check_plan(counts, needs, waiting_needs, budget)
+        for seq, n in zip(running, counts, strict=False):
+            if n and seq in self.running and self._reserve_or_preempt(seq, n, step):
+                step.work.append((seq, n))
+        for seq, n in zip(waiting, counts[len(running):], strict=False):
+            if not (self.waiting and self.waiting[0] is seq and self._start(seq, n, step)):
+                return  # a preempted request is first in the queue now, or no blocks
+
+    def _schedule_whole_prompts(self, step: Step, now: float) -> None:
+        """Prefill first: a step of whole prompts if any may join, else every decode."""
+        if self._may_admit(now):
+            self._admit_whole_prompts(step)
+            if step.work:
+                return
+        for seq in list(self.running):
+            if seq not in self.running or seq.finished:  # preempted, or seated (lockstep)
+                continue
+            if self._reserve_or_preempt(seq, seq.num_uncomputed, step):
+                step.work.append((seq, seq.num_uncomputed))
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, step: Step) -> bool:
         """Reserve blocks for ``n`` tokens of ``seq``, preempting the latest running requests
@@ -153,23 +205,32 @@ class Scheduler:
         full = len(self.waiting) >= self.config.max_batch
         return full or now - self.waiting[0].arrival_time >= self.config.max_wait
 
-    def _admit(self, step: Step, budget: int) -> None:
-        """Start waiting requests, first come first served, while seats, budget and blocks
-        allow; a request that does not fit blocks the queue (FCFS)."""
-        while self.waiting and len(self.running) < self.config.max_batch and budget > 0:
+    def _start(self, seq: Sequence, n: int, step: Step) -> bool:
+        """Move the first waiting request to the running ones with ``n`` tokens to compute
+        this step (after its cached prefix blocks), if the pool has the blocks."""
+        self.blocks.start(seq)  # cached prefix blocks, if any
+        if not self.blocks.can_reserve(seq, n):
+            self.blocks.free(seq)  # give the cached blocks back; try again next step
+            seq.num_computed = 0
+            return False
+        self.waiting.popleft()
+        step.copies += self.blocks.reserve(seq, n)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        step.work.append((seq, n))
+        return True
+
+    def _admit_whole_prompts(self, step: Step) -> None:
+        """Start waiting requests, first come first served, with their whole prompts while
+        seats, the token budget (the first one always fits) and blocks allow; a request that
+        does not fit blocks the queue (FCFS)."""
+        budget = self.config.max_tokens_per_step
+        while self.waiting and len(self.running) < self.config.max_batch:
             seq = self.waiting[0]
-            self.blocks.start(seq)  # cached prefix blocks, if any
-            n = seq.num_uncomputed if not self.config.chunked_prefill \
-                else min(seq.num_uncomputed, budget)
-            if n > budget and step.work or not self.blocks.can_reserve(seq, n):
-                self.blocks.free(seq)  # give the cached blocks back; try again next step
-                seq.num_computed = 0
+            cached = self.blocks.block_size * len(self.blocks.cached_prefix_blocks(seq))
+            n = seq.num_tokens - cached
+            if step.work and n > budget or not self._start(seq, n, step):
                 return
-            self.waiting.popleft()
-            step.copies += self.blocks.reserve(seq, n)
-            seq.status = Status.RUNNING
-            self.running.append(seq)
-            step.work.append((seq, n))
             budget -= n
 
     def finish_step(self, step: Step, sampled: dict[int, int], now: float | None = None
@@ -194,3 +255,19 @@ class Scheduler:
             self.running.remove(seq)
             self.blocks.free(seq)
         return done
+
+
+def _check_plan(counts: list[int], needs: list[int], waiting_needs: list[int],
+                budget: int) -> None:
+    """A plan may not overspend the budget, give a request more than it needs, or admit a
+    request out of turn: say which rule it broke."""
+    if not len(needs) <= len(counts) <= len(needs) + len(waiting_needs):
+        raise ValueError(f"plan returned {len(counts)} counts for {len(needs)} running and "
+                         f"{len(waiting_needs)} waiting requests")
+    joining = counts[len(needs):]
+    if any(not 0 <= n <= need for n, need in zip(counts, needs, strict=False)) \
+            or any(not 1 <= n <= need for n, need in zip(joining, waiting_needs, strict=False)):
+        raise ValueError(f"plan gave {counts} tokens to requests needing {needs} (running) "
+                         f"and {waiting_needs} (waiting)")
+    if sum(counts) > budget:
+        raise ValueError(f"plan spends {sum(counts)} tokens of a budget of {budget}")

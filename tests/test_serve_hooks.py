@@ -1,0 +1,98 @@
+"""The engine's replaceable parts (the course's "your code in the engine"): a block manager
+instance, the slot-mapping function and the scheduler's budget plan. With the chapter 12
+and 13 solutions plugged in, the engine still gives every request what ``generate`` gives
+it alone; a broken part shows (different tokens, or a clear error)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_pair
+from minillm.generate import generate
+from minillm.grading import load_impl
+from minillm.sampling import SamplingParams
+from minillm.serve import LLM, SchedulerConfig
+from minillm.serve.block_manager import BlockManager
+from minillm.serve.scheduler import plan_chunked_step
+
+ch12 = load_impl("ch12_paged_kv_cache", "solutions")
+ch13 = load_impl("ch13_batching", "solutions")
+SYSTEM = list(range(100, 124))  # six full blocks of 4, shared by every prompt
+PROMPTS = [SYSTEM + [5, 17, 99], SYSTEM + [1, 2], list(range(30, 60)), SYSTEM + [9] * 6]
+PARAMS = SamplingParams(max_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_pair(tmp_path_factory.mktemp("tiny"))[0]
+
+
+def alone(model) -> list[list[int]]:
+    return [generate(model, prompt, PARAMS.max_tokens, PARAMS)[0] for prompt in PROMPTS]
+
+
+class SolutionPrefixHashes(BlockManager):
+    def prefix_hashes(self, tokens):
+        return ch12.prefix_hashes(tokens, self.block_size)
+
+
+def test_the_engine_uses_the_block_manager_it_is_given(tiny):
+    manager = SolutionPrefixHashes(num_blocks=40, block_size=4)
+    llm = LLM(tiny, block_manager=manager, scheduler=SchedulerConfig(max_batch=1))
+    assert llm.blocks is manager and llm.runner.cache.keys.shape[1:3] == (40, 4)
+    outputs = llm.generate(PROMPTS, PARAMS, progress=False)
+    assert [o.tokens for o in outputs] == alone(tiny)
+    cached = [llm.requests[o.request_id].cached_tokens for o in outputs]
+    assert cached == [0, 24, 0, 24]  # one at a time: the shared system prompt is hit
+    assert manager.num_free == 40
+
+
+def test_the_solution_slot_mapping_runs_the_engine(tiny):
+    llm = LLM(tiny, block_size=4, num_blocks=64, slot_mapping=ch12.slot_mapping,
+              scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16))
+    assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
+
+
+def test_a_wrong_slot_mapping_changes_the_tokens(tiny):
+    def contiguous(block_table, start, count, block_size):  # ignores the block table
+        return list(range(start, start + count))
+
+    llm = LLM(tiny, block_size=4, num_blocks=64, slot_mapping=contiguous,
+              scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16))
+    assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] != alone(tiny)
+
+
+def test_the_solution_plan_runs_the_engine_and_is_the_one_used(tiny):
+    calls = []
+
+    def plan(*args):
+        calls.append(args)
+        return ch13.plan_step(*args)
+
+    llm = LLM(tiny, block_size=4, num_blocks=64,
+              scheduler=SchedulerConfig(max_batch=3, max_tokens_per_step=8, plan=plan))
+    assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
+    assert calls and all(budget == 8 and seats == 3 for *_, budget, seats in calls)
+
+
+def test_a_plan_that_breaks_the_rules_is_refused_with_a_reason(tiny):
+    def greedy(running, waiting, budget, max_running):  # ignores the budget
+        return running + waiting
+
+    llm = LLM(tiny, block_size=4, num_blocks=64,
+              scheduler=SchedulerConfig(max_tokens_per_step=8, plan=greedy))
+    llm.add_request(PROMPTS[0], PARAMS)
+    with pytest.raises(ValueError, match="budget of 8"):
+        llm.step()
+
+
+@pytest.mark.parametrize("running, waiting, budget, seats, expected", [
+    ([1, 1, 1], [20], 8, 4, [1, 1, 1, 5]),  # decodes, then a chunk of the waiting prompt
+    ([30, 1, 1], [5], 8, 4, [6, 1, 1]),  # decodes before an older request's prompt chunk
+    ([1, 1], [3, 3, 3], 64, 3, [1, 1, 3]),  # seats: three requests at most
+    ([1, 1, 1], [4], 2, 8, [1, 1, 0]),  # the budget runs out before the last decode
+    ([], [4, 9, 2], 10, 8, [4, 6]),  # the queue joins in order, the last with a chunk
+])
+def test_the_library_plan_follows_sarathi_order(running, waiting, budget, seats, expected):
+    assert plan_chunked_step(running, waiting, budget, seats) == expected
+    assert ch13.plan_step(running, waiting, budget, seats) == expected
