@@ -1,0 +1,204 @@
+"""Speculative decoding: a cheap draft proposes γ tokens, the target checks them in one pass.
+
+Decoding is memory-bound: checking γ + 1 tokens in one forward costs the target about as
+much as generating one (the weights are read once either way). So let a cheap *draft*
+(a smaller model, or a lookup in the prompt) guess γ tokens, run the target once over
+them, and keep the longest prefix the target agrees with — plus one token from the target
+itself. Rejection sampling makes it **lossless** (Leviathan et al. 2023, Algorithm 1;
+Chen et al. 2023): with target probabilities p and draft probabilities q,
+
+* accept the draft's token x with probability min(1, p(x) / q(x));
+* at the first rejection, sample instead from the residual norm(max(0, p − q)) and stop;
+* if all γ are accepted, sample a bonus token from the target's next distribution.
+
+Every emitted token is then distributed exactly as if the target had sampled it alone.
+Greedy decoding is the same rule with one-hot p: a draft token survives iff it is the
+target's argmax, and the correction is the argmax — so one code path serves both.
+
+The same temperature / top-k / top-p transform (:func:`minillm.sampling.process_logits`)
+turns the target's and the draft's logits into p and q. After each check both KV caches
+are rewound to the accepted prefix: the target's keeps the tokens it saw up to the last
+accepted draft; the draft's, whatever of its guesses survived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .generate import _check_request
+from .kv_cache import KVCache
+from .model import Transformer
+from .sampling import SamplingParams, process_logits
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a token is drawn from under ``params``: [..., vocab] -> [..., vocab].
+    Greedy is the one-hot of the argmax (ties: the first, as ``argmax``)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    processed = process_logits(flat, params)
+    if params.greedy:
+        probs = F.one_hot(processed.argmax(-1), flat.shape[-1]).float()
+    else:
+        probs = torch.softmax(processed, dim=-1)
+    return probs.reshape(logits.shape)
+
+
+def verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling of γ drafted tokens, for a batch of rows.
+
+    p [rows, γ + 1, vocab]: the target's distributions after each draft prefix (the last
+    one follows all γ drafts); q [rows, γ, vocab]: the draft's; draft [rows, γ]: its tokens.
+    Returns (accepted [rows]: how many drafts survive, next_token [rows]: the residual
+    sample at the first rejection, or the bonus sample when all survive).
+    """
+    rows, gamma = draft.shape
+    p_draft = p[:, :gamma].gather(-1, draft[..., None])[..., 0]
+    q_draft = q.gather(-1, draft[..., None])[..., 0]
+    u = torch.rand(rows, gamma, generator=generator, device=p.device)
+    kept = u * q_draft < p_draft  # u < p/q without dividing (q of a drafted token is > 0)
+    accepted = kept.int().cumprod(-1).sum(-1)
+    index = torch.arange(rows, device=p.device)
+    target = p[index, accepted]  # [rows, vocab]
+    residual = torch.where((accepted < gamma)[:, None],
+                           (target - q[index, accepted.clamp(max=gamma - 1)]).clamp(min=0),
+                           target) if gamma else target
+    residual = residual / residual.sum(-1, keepdim=True)
+    return accepted, torch.multinomial(residual, 1, generator=generator)[:, 0]
+
+
+class Proposer(Protocol):
+    """A draft: guesses the next ``gamma`` tokens of ``tokens``; returns them and the
+    distributions they were drawn from [gamma, vocab]."""
+
+    def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]: ...
+
+    def accepted(self, num_tokens: int) -> None:
+        """The context now has ``num_tokens`` verified tokens (forget the rest)."""
+
+
+class DraftModel:
+    """A smaller model as the draft, sampling with the same ``params`` as the target."""
+
+    def __init__(self, model: Transformer, params: SamplingParams, max_len: int):
+        self.model, self.params = model, params
+        self.cache = KVCache(model.config, 1, max_len, model.dtype, model.device)
+        self.generator = params.make_generator(model.device)
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed + 1)  # not the target's random stream
+
+    def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]:
+        fed = self.cache.length
+        feed = torch.tensor([tokens[fed:]], device=self.model.device)
+        drafted, dists = [], []
+        for _ in range(gamma):
+            logits = self.model(feed, self.cache, last_only=True)[0, -1]
+            probs = probabilities(logits, self.params)
+            token = int(torch.multinomial(probs, 1, generator=self.generator))
+            drafted.append(token)
+            dists.append(probs)
+            feed = torch.tensor([[token]], device=self.model.device)
+        return drafted, torch.stack(dists)
+
+    def accepted(self, num_tokens: int) -> None:
+        self.cache.rewind(max(self.cache.length - num_tokens, 0))
+
+
+class PromptLookup:
+    """Prompt lookup decoding (Saxena 2023): find the latest earlier occurrence of the
+    context's last n tokens (n = ``max_ngram`` down to 1) and propose what followed it.
+    Free to run, and good when the answer copies its input (rewriting, editing, extracting)."""
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3):
+        self.vocab_size, self.max_ngram = vocab_size, max_ngram
+
+    def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]:
+        drafted: list[int] = []
+        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == tail:
+                    drafted = tokens[start + n:start + n + gamma]
+                    break
+            if drafted:
+                break
+        return drafted, F.one_hot(torch.tensor(drafted, dtype=torch.long),
+                                  self.vocab_size).float()
+
+    def accepted(self, num_tokens: int) -> None:
+        pass
+
+
+@dataclass
+class SpeculativeStats:
+    target_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    accepted_per_call: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.emitted / self.target_calls if self.target_calls else 0.0
+
+
+@torch.inference_mode()
+def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequence[int],
+                         max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
+                         gamma: int = 4, stop_tokens: Sequence[int] = ()
+                         ) -> tuple[list[int], SpeculativeStats]:
+    """Generate up to ``max_new_tokens`` after ``prompt`` with ``proposer`` drafting ``gamma``
+    tokens per target call. Returns the new tokens (as plain sampling from the target would
+    distribute them; greedy: the very same tokens) and the acceptance statistics."""
+    if params.repetition_penalty != 1.0:
+        raise ValueError("speculative decoding here supports temperature, top-k and top-p; "
+                         "a repetition penalty makes p depend on the draft's tokens")
+    if gamma < 1:
+        raise ValueError(f"gamma must be at least 1, got {gamma}")
+    tokens = [int(t) for t in prompt]
+    _check_request(target, [tokens], max_new_tokens, 0)
+    cache = KVCache(target.config, 1, len(tokens) + max_new_tokens + gamma + 1, target.dtype,
+                    target.device)
+    generator = params.make_generator(target.device)
+    stats, stop, new = SpeculativeStats(), set(stop_tokens), []
+    target(torch.tensor([tokens[:-1]], device=target.device), cache)  # all but the last token
+    while len(new) < max_new_tokens:
+        room = max_new_tokens - len(new)
+        drafted, q = proposer.propose(tokens, min(gamma, room - 1)) if room > 1 else ([], None)
+        feed = torch.tensor([tokens[-1:] + drafted], device=target.device)
+        p = probabilities(target(feed, cache)[0], params)  # [len(drafted) + 1, vocab]
+        if drafted:
+            accepted, extra = verify(p[None], q[None].to(p), torch.tensor([drafted]), generator)
+            accepted, extra = int(accepted), int(extra)
+        else:
+            accepted, extra = 0, int(torch.multinomial(p[-1], 1, generator=generator))
+        cache.rewind(len(drafted) - accepted)  # keep `last` and the accepted drafts
+        emitted = drafted[:accepted] + [extra]
+        stats.target_calls += 1
+        stats.drafted += len(drafted)
+        stats.accepted += accepted
+        stats.accepted_per_call.append(accepted)
+        for token in emitted:
+            new.append(token)
+            tokens.append(token)
+            if token in stop or len(new) == max_new_tokens:
+                stats.emitted = len(new)
+                return new, stats
+        proposer.accepted(len(tokens) - 1)  # every verified token but the newest
+    stats.emitted = len(new)
+    return new, stats
+
+
+def expected_tokens_per_call(alpha: float, gamma: int) -> float:
+    """E[tokens per target call] = (1 − α^(γ+1)) / (1 − α) for i.i.d. acceptance α
+    (Leviathan et al. 2023, eq. 1)."""
+    return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)

@@ -1,0 +1,126 @@
+"""Speculative decoding is lossless: greedy gives plain greedy's tokens for every γ and
+draft; rejection sampling emits tokens distributed as the target's (measured over 200k
+seeded draws); masked tokens are never emitted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_pair
+from minillm.generate import generate
+from minillm.sampling import SamplingParams
+from minillm.speculative import (
+    DraftModel,
+    PromptLookup,
+    expected_tokens_per_call,
+    speculative_generate,
+    verify,
+)
+
+PROMPT = [5, 17, 99, 3, 42, 7, 8, 5, 17, 99]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target = tiny_pair(tmp_path_factory.mktemp("target"))[0]
+    draft = tiny_pair(tmp_path_factory.mktemp("draft"), seed=1)[0]  # an unrelated draft
+    return target, draft
+
+
+@pytest.mark.parametrize("gamma", range(1, 9))
+def test_greedy_with_a_random_draft_equals_greedy(models, gamma):
+    target, draft = models
+    expected = generate(target, PROMPT, 24)[0]
+    params = SamplingParams()
+    tokens, stats = speculative_generate(target, DraftModel(draft, params, 64), PROMPT, 24,
+                                         params, gamma=gamma)
+    assert tokens == expected
+    assert stats.emitted == 24
+
+
+def test_the_target_as_its_own_draft_accepts_everything(models):
+    target, _ = models
+    params = SamplingParams()
+    tokens, stats = speculative_generate(target, DraftModel(target, params, 64), PROMPT, 20,
+                                         params, gamma=4)
+    assert tokens == generate(target, PROMPT, 20)[0]
+    assert stats.acceptance_rate == 1.0 and stats.tokens_per_call == 5.0
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_prompt_lookup_greedy_equals_greedy(models, gamma):
+    target, _ = models
+    lookup = PromptLookup(target.config.vocab_size)
+    tokens, _ = speculative_generate(target, lookup, PROMPT, 30, gamma=gamma)
+    assert tokens == generate(target, PROMPT, 30)[0]
+
+
+def test_a_stop_token_inside_a_proposal_ends_generation(models):
+    target, _ = models
+    plain = generate(target, PROMPT, 20)[0]
+    stop = plain[6]
+    tokens, _ = speculative_generate(target, DraftModel(target, SamplingParams(), 64), PROMPT,
+                                     20, gamma=8, stop_tokens=[stop])
+    assert tokens == plain[:plain.index(stop) + 1]
+
+
+def test_prompt_lookup_proposes_what_followed_the_last_ngram():
+    lookup = PromptLookup(vocab_size=200, max_ngram=3)
+    drafted, q = lookup.propose([1, 2, 3, 4, 5, 9, 2, 3], gamma=2)
+    assert drafted == [4, 5] and q.shape == (2, 200) and q[0, 4] == 1
+    assert lookup.propose([1, 2, 3], gamma=4)[0] == []
+
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a - b).abs().sum())
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_rejection_sampling_emits_the_targets_distribution(gamma):
+    """200k draws on a 10-token vocabulary: the first emitted token follows p, not q."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(10, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(10, generator=g) * 2, -1)
+    rows = 200_000
+    draft = torch.multinomial(q.expand(rows, 10), gamma, replacement=True, generator=g)
+    accepted, extra = verify(p.expand(rows, gamma + 1, 10), q.expand(rows, gamma, 10), draft, g)
+    first = torch.where(accepted > 0, draft[:, 0], extra)
+    empirical = torch.bincount(first, minlength=10).float() / rows
+    assert tv(empirical, p) < 0.01
+    assert tv(empirical, q) > 5 * tv(empirical, p)
+    assert 0 < accepted.float().mean() < gamma  # some drafts are rejected, some kept
+
+
+def test_masked_tokens_are_never_emitted():
+    g = torch.Generator().manual_seed(1)
+    p = torch.tensor([0.5, 0.5, 0.0, 0.0])  # e.g. after top-k = 2
+    q = torch.tensor([0.1, 0.1, 0.4, 0.4])  # the draft likes the masked tokens
+    rows = 50_000
+    draft = torch.multinomial(q.expand(rows, 4), 2, replacement=True, generator=g)
+    accepted, extra = verify(p.expand(rows, 3, 4), q.expand(rows, 2, 4), draft, g)
+    kept = torch.cat([draft[accepted > 0, 0], draft[accepted > 1, 1], extra])
+    assert int(kept.max()) <= 1
+
+
+def test_sampled_speculative_decoding_is_reproducible(models):
+    target, draft = models
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=3)
+    first = speculative_generate(target, DraftModel(draft, params, 64), PROMPT, 16, params)
+    again = speculative_generate(target, DraftModel(draft, params, 64), PROMPT, 16, params)
+    assert first[0] == again[0]
+
+
+def test_expected_tokens_per_call():
+    assert expected_tokens_per_call(0.0, 4) == 1.0
+    assert expected_tokens_per_call(1.0, 4) == 5.0
+    assert expected_tokens_per_call(0.5, 2) == pytest.approx(1.75)
+
+
+def test_bad_arguments(models):
+    target, _ = models
+    with pytest.raises(ValueError, match="gamma"):
+        speculative_generate(target, PromptLookup(256), PROMPT, 4, gamma=0)
+    with pytest.raises(ValueError, match="repetition penalty"):
+        speculative_generate(target, PromptLookup(256), PROMPT, 4,
+                             SamplingParams(repetition_penalty=1.2))
