@@ -1,0 +1,91 @@
+"""The distillation loss: zero for a perfect student, cross-entropy at α = 0, the float64
+formula, padding ignored, a mean per token, and T² keeping the soft gradients comparable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm.distill import DIVERGENCES, divergence, kd_loss
+
+
+def logits(*shape, seed=0, scale=3.0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.mark.parametrize("kind", DIVERGENCES)
+def test_a_perfect_student_has_zero_soft_loss(kind):
+    teacher = logits(2, 5, 50)
+    targets = torch.zeros(2, 5, dtype=torch.long)
+    assert kd_loss(teacher.clone(), teacher, targets, alpha=1.0, kind=kind) == pytest.approx(
+        0.0, abs=1e-6)
+
+
+def test_alpha_zero_is_cross_entropy():
+    student, teacher = logits(2, 7, 30), logits(2, 7, 30, seed=1)
+    targets = torch.randint(0, 30, (2, 7), generator=torch.Generator().manual_seed(2))
+    expected = torch.nn.functional.cross_entropy(student.reshape(-1, 30), targets.reshape(-1))
+    assert kd_loss(student, teacher, targets, alpha=0.0) == pytest.approx(float(expected),
+                                                                          rel=1e-5)
+
+
+def test_the_loss_is_the_float64_formula_over_real_tokens():
+    student, teacher = logits(2, 6, 20), logits(2, 6, 20, seed=1)
+    targets = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    t, alpha = 2.0, 0.3
+    s, te = student.double()[mask], teacher.double()[mask]
+    p, log_q = torch.softmax(te / t, -1), torch.log_softmax(s / t, -1)
+    kl = (p * (p.log() - log_q)).sum(-1)
+    ce = -torch.log_softmax(s, -1).gather(-1, targets[mask][:, None])[:, 0]
+    expected = (alpha * t * t * kl + (1 - alpha) * ce).mean()
+    got = kd_loss(student, teacher, targets, mask, alpha=alpha, temperature=t, chunk=3)
+    assert float(got) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_padding_contributes_nothing_and_the_mean_is_per_token():
+    student, teacher = logits(2, 6, 20), logits(2, 6, 20, seed=1)
+    targets = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, 3:] = False
+    loss = kd_loss(student, teacher, targets, mask)
+    noisy = student.clone()
+    noisy[0, 3:] += 100  # garbage where the mask says padding
+    assert kd_loss(noisy, teacher, targets, mask) == loss
+    one_row = kd_loss(student[1:], teacher[1:], targets[1:])
+    assert kd_loss(student[[1, 1]], teacher[[1, 1]], targets[[1, 1]]) == pytest.approx(
+        float(one_row))
+
+
+def test_t_squared_keeps_the_soft_gradients_comparable_across_temperatures():
+    teacher = logits(4, 8, 100)
+    base = teacher + logits(4, 8, 100, seed=5, scale=0.3)
+    targets = torch.zeros(4, 8, dtype=torch.long)
+
+    def grad_norm(t, scaled):
+        student = base.clone().requires_grad_(True)
+        loss = kd_loss(student, teacher, targets, alpha=1.0, temperature=t)
+        (loss if scaled else loss / t**2).backward()
+        return float(student.grad.norm())
+
+    with_t2 = [grad_norm(t, True) for t in (1.0, 2.0, 4.0)]
+    without = [grad_norm(t, False) for t in (1.0, 2.0, 4.0)]
+    assert max(with_t2) / min(with_t2) < 2.5  # measured 2.2 (1/T² scaling exact only as T grows)
+    assert without[0] / without[-1] > 25  # measured 35: without T² the soft term fades
+
+
+def test_tv_is_half_the_l1_distance_and_bounded():
+    p, q = logits(3, 10), logits(3, 10, seed=1)
+    tv = divergence(p, q, "tv")
+    assert torch.allclose(tv, 0.5 * (p.softmax(-1) - q.softmax(-1)).abs().sum(-1))
+    assert bool((tv >= 0).all() and (tv <= 1).all())
+
+
+def test_bad_arguments():
+    x, y = logits(1, 2, 5), torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="alpha"):
+        kd_loss(x, x, y, alpha=1.5)
+    with pytest.raises(ValueError, match="divergence"):
+        kd_loss(x, x, y, kind="js")
+    with pytest.raises(ValueError, match="mask keeps no token"):
+        kd_loss(x, x, y, torch.zeros(1, 2, dtype=torch.bool))
