@@ -96,3 +96,21 @@ def test_a_plan_that_breaks_the_rules_is_refused_with_a_reason(tiny):
 def test_the_library_plan_follows_sarathi_order(running, waiting, budget, seats, expected):
     assert plan_chunked_step(running, waiting, budget, seats) == expected
     assert ch13.plan_step(running, waiting, budget, seats) == expected
+
+
+def test_the_simulator_shows_every_step_to_on_step():
+    from minillm.serve.simulator import CostModel, simulate
+    from minillm.serve.workload import TraceRequest
+
+    cost = CostModel(1e9, 1e5, 2e8, bandwidth=20e9, flops=200e9)
+    trace = [TraceRequest(0.01 * i, [i] * 9, 4) for i in range(6)]  # nothing shared
+    seen = []
+
+    def on_step(clock, step, scheduler):
+        seen.append((clock, step.num_tokens, sum(len(s.block_table) for s in scheduler.running)))
+
+    seqs = simulate(trace, cost, SchedulerConfig(max_batch=3), num_blocks=64, block_size=4,
+                    on_step=on_step)
+    assert seen and [clock for clock, *_ in seen] == sorted(clock for clock, *_ in seen)
+    assert sum(n for _, n, _ in seen) == sum(s.num_computed for s in seqs)
+    assert seen[-1][2] == 0  # every block is back once the last request is done

@@ -21,13 +21,14 @@ token, and the usual metrics come out (:mod:`.metrics`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import ModelConfig
 from .block_manager import BlockManager
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, Step
 from .sequence import Sequence
 from .workload import TraceRequest
 
@@ -74,8 +75,10 @@ class CostModel:
 
 
 def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig,
-             num_blocks: int, block_size: int = 16) -> list[Sequence]:
-    """Serve ``trace`` on a simulated clock; returns the finished sequences (trace order)."""
+             num_blocks: int, block_size: int = 16,
+             on_step: Callable[[float, Step, Scheduler], None] | None = None) -> list[Sequence]:
+    """Serve ``trace`` on a simulated clock; returns the finished sequences (trace order).
+    ``on_step(clock, step, scheduler)`` is called after each step (the clock at its end)."""
     blocks = BlockManager(num_blocks, block_size)
     scheduler = Scheduler(config, blocks)
     pending = sorted(trace, key=lambda r: r.arrival)
@@ -95,4 +98,6 @@ def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig
         clock += cost.step_time(step.num_tokens, cached)
         sampled = {seq.id: 0 for seq, n in step.work if seq.num_computed + n == seq.num_tokens}
         scheduler.finish_step(step, sampled, now=clock)
+        if on_step is not None:
+            on_step(clock, step, scheduler)
     return seqs
