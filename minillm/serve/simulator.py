@@ -58,20 +58,26 @@ class CostModel:
 
     def fit(self, measured: list[tuple[int, int, float]]) -> CostModel:
         """The same model with bandwidth, FLOP/s and overhead fitted to measured steps
-        ``(new tokens, cached tokens, seconds)``: least squares on the memory-bound steps
-        (one token per sequence) for bandwidth and overhead, the largest prefill for FLOP/s."""
+        ``(new tokens, cached tokens, seconds)``. Steps of at most 16 new tokens count as
+        memory-bound (overhead + bytes / bandwidth), the others as compute-bound (overhead
+        + FLOPs / FLOP/s); one least-squares fit finds the three numbers. If the steps
+        cannot tell the overhead from the bytes (on a CPU every decode step reads about the
+        same bytes, and noise decides), a number comes out negative: then the overhead is
+        taken as 0 and each kind of step is fitted through the origin."""
         decodes = [(n, c, t) for n, c, t in measured if n <= 16]
         prefills = [(n, c, t) for n, c, t in measured if n > 16]
         if len(decodes) < 2 or not prefills:
             raise ValueError("fit needs at least two decode steps and one prefill step")
-        data = np.array([(self.weight_bytes + c * self.kv_bytes_per_token, t)
-                         for _, c, t in decodes])
-        slope, intercept = np.polyfit(data[:, 0], data[:, 1], 1)
-        overhead = max(float(intercept), 0.0)
-        n, c, t = max(prefills)
-        flops = n * self.flops_per_token / max(t - overhead, 1e-9)
+        rows = np.array([(1.0, self.weight_bytes + c * self.kv_bytes_per_token, 0.0)
+                         for _, c, _ in decodes]
+                        + [(1.0, 0.0, n * self.flops_per_token) for n, _, _ in prefills])
+        times = np.array([t for *_, t in decodes + prefills])
+        overhead, per_byte, per_flop = np.linalg.lstsq(rows, times, rcond=None)[0]
+        if min(overhead, per_byte, per_flop) < 0:
+            overhead = 0.0
+            per_byte, per_flop = np.linalg.lstsq(rows[:, 1:], times, rcond=None)[0]
         return CostModel(self.weight_bytes, self.kv_bytes_per_token, self.flops_per_token,
-                         1.0 / slope, flops, overhead)
+                         1.0 / per_byte, 1.0 / per_flop, float(overhead))
 
 
 def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig,
