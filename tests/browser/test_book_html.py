@@ -21,6 +21,7 @@ from bs4 import BeautifulSoup, Comment
 NOT_PROSE = {"script", "style", "pre", "code", "kbd", "samp", "mjx-container"}
 NOT_PROSE_CLASSES = {"cell_input", "cell_output", "math", "highlight"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+MONEY = re.compile(r"(?<![\w$])\$\d")  # "$2 per hour": a dollar sign, not math
 
 
 def is_prose(text) -> bool:
@@ -50,10 +51,13 @@ def test_home_page_links_every_chapter():
 
 
 def test_no_raw_math(page):
-    """No `$` left in prose: MyST turned every `$...$` and `$$...$$` into math."""
+    """No `$` left in prose: MyST turned every `$...$` and `$$...$$` into math.
+
+    An amount of money (`\\$2` in the Markdown, `$2` on the page) is not math.
+    """
     problems = {}  # one line per paragraph, however many `$` it shows
     for text in article(page).find_all(string=re.compile(r"\$")):
-        if is_prose(text):
+        if is_prose(text) and "$" in MONEY.sub("", text):
             block = text.find_parent(["p", "li", "td", "th", "dt", "dd"]) or text.parent
             context = " ".join(block.get_text(" ").split())
             problems[id(block)] = f"section {section_of(text)!r}: {context[:300]!r}"
