@@ -42,11 +42,11 @@ notebooks: fetch  ## re-execute every notebook in place (outputs are committed)
 
 # Two notebooks at a time, one thread each: the kernels start with IPython's profile in
 # .ci/ipython, which caps the notebooks' torch.set_num_threads(2) at MINILLM_KERNEL_THREADS.
-# Measured 3x faster than two kernels of two threads each on 2 cores, and than one worker
-# (docs/benchmarks.md, "CI time plan").
+# On the shared 2-core machine this was 3x faster than two kernels of two threads each and
+# than one worker (docs/benchmarks.md, "CI time plan").
 NBVAL_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MINILLM_KERNEL_THREADS=1 IPYTHONDIR=$(CURDIR)/.ci/ipython
 
-nbval: fetch  ## strict check of every notebook against its stored outputs (a test, ~10 min)
+nbval: fetch  ## strict check of every notebook against its stored outputs (a test, 10-20 min)
 	$(NBVAL_ENV) $(BIN)/pytest --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 	  -n 2 --dist loadfile -q -p no:cacheprovider
 
