@@ -73,6 +73,7 @@ class LLM:
         self.runner = ModelRunner(self.model, self.blocks.num_blocks, self.blocks.block_size,
                                   slot_mapping)
         self.requests: dict[int, Sequence] = {}
+        self.last_step_tokens = 0
 
     # -- requests -----------------------------------------------------------------------
 
@@ -125,8 +126,11 @@ class LLM:
         return self.scheduler.has_work
 
     def step(self) -> list[Sequence]:
-        """One iteration of the engine; returns the sequences that finished in it."""
+        """One iteration of the engine; returns the sequences that finished in it.
+        ``last_step_tokens`` says how many tokens it computed (0: nothing could run yet,
+        e.g. dynamic batching waiting to fill a batch)."""
         step = self.scheduler.schedule()
+        self.last_step_tokens = step.num_tokens
         if not step.work:
             return []
         sampled = self.runner.run(step)

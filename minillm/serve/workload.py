@@ -93,6 +93,8 @@ def replay(engine, trace: list[TraceRequest], params_for=None) -> list:
             seqs.append(seq)
         if engine.has_work:
             engine.step()
+            if engine.last_step_tokens == 0:  # waiting (dynamic batching): do not spin
+                time.sleep(0.001)
         elif pending:
             time.sleep(max(0.0, pending[0].arrival - (time.perf_counter() - start)))
     return seqs
