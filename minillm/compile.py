@@ -4,39 +4,63 @@ An optimization written as a transformation of the plain model (the gpt-fast rec
 
 1. decode steps use a :class:`~minillm.kv_cache.StaticKVCache`, so every step has the same
    shapes and one compiled graph serves the whole generation;
-2. the step is compiled with Inductor's ``max-autotune`` and *freezing*: weights become
-   constants, pre-packed for a C++ matrix-vector kernel that Inductor generates and times
-   against MKL. At batch 1 that kernel streams weights at close to the machine's memory
-   bandwidth with both cores, where eager PyTorch's matrix-vector product uses one
-   (see ``benchmarks/decode.py``); the small element-wise ops fuse too. Compressed
-   weights (int8/int4, :mod:`minillm.quant.weight_only`) are not frozen: their layers
-   are written as one reduction per output row that Inductor turns into a loop reading
-   each code byte once.
+2. every fp32 ``nn.Linear`` becomes a :class:`MatVecLinear`: the same weights, but under
+   compilation a one-token product is written as one sum per output row,
+   ``(x[..., None, :] * W).sum(-1)``, which Inductor turns into a vectorized C++ loop that
+   streams the weight once with both cores. Left as a matmul, the compiled graph calls
+   MKL's ``mm``, which on the AMD EPYC of this course's machines reads a batch-1 weight at
+   about 10 GB/s, one core's worth (``docs/benchmarks.md``). Compressed weights
+   (int8/int4, :mod:`minillm.quant.weight_only`) use the same formulation on their codes;
+3. the small element-wise ops (norms, RoPE, SiLU) fuse into few kernels.
 
-The prompt (prefill) and padded batches still run eagerly. Compiling takes a few minutes
-on a 2-core CPU, so this pays off for long generations and benchmarks, not for tests.
+The prompt (prefill) and padded batches still run eagerly. Compiling takes a minute or
+two on a 2-core CPU, so this pays off for long generations and benchmarks, not for tests.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .kv_cache import StaticKVCache
-from .linear import CompressedLinear
+from .linear import MAX_REDUCTION_ROWS, CompressedLinear, replace_linears
 from .model import Transformer
+
+
+class MatVecLinear(nn.Linear):
+    """An ``nn.Linear`` whose compiled product for a few rows is one sum per output row."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> nn.Module:
+        """The same parameters (shared, so a tied head stays tied); other formats unchanged."""
+        if type(linear) is not nn.Linear:
+            return linear
+        matvec = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                     device="meta")  # no storage of its own: it takes the layer's parameters
+        matvec.weight, matvec.bias = linear.weight, linear.bias
+        return matvec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows > MAX_REDUCTION_ROWS or not torch.compiler.is_compiling():
+            return super().forward(x)
+        y = (x.unsqueeze(-2) * self.weight).sum(-1)
+        return y if self.bias is None else y + self.bias
 
 
 def compile_decode(model: Transformer, freezing: bool | None = None,
                    autotune: bool = True) -> Transformer:
     """Make ``model`` run single-token, unpadded steps through a compiled graph (in place).
 
-    ``autotune`` times Inductor's matrix-vector kernel against MKL (slower to compile).
+    ``autotune`` times Inductor's GEMM kernels against MKL for the products that stay
+    matmuls (steps of more than ``MAX_REDUCTION_ROWS`` rows; slower to compile).
     ``freezing`` (default: only for models without compressed weights) lets Inductor treat
-    weights as constants and pre-pack fp32 ones for its matrix-vector kernel; on compressed
-    weights it would fold the dequantization back into fp32 constants and lose the point.
+    weights as constants; on compressed weights it would fold the dequantization back into
+    fp32 constants and lose the point.
     """
     if freezing is None:
         freezing = not any(isinstance(m, CompressedLinear) for m in model.modules())
+    replace_linears(model, MatVecLinear.from_linear, skip=())
     eager_forward = model.forward
     compiled_forward = torch.compile(eager_forward, fullgraph=True, dynamic=False,
                                      options={"max_autotune": autotune, "freezing": freezing})

@@ -27,6 +27,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 DEFAULT_SKIP = ("lm_head",)  # the tied lm_head is the embedding: compressed on its own
+# Up to this many rows of x, a compiled product written as one sum per output row (each
+# weight read once) beats a matmul: a decode step of batch 1 to 4.
+MAX_REDUCTION_ROWS = 4
 
 
 @runtime_checkable

@@ -34,11 +34,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..linear import CompressedLinear
+from ..linear import MAX_REDUCTION_ROWS, CompressedLinear
 from .embedding import CompactEmbedding, TiedLMHead
 from .qlinear import QuantLinear
-
-MAX_REDUCTION_ROWS = 4  # up to this many rows of x, the per-row reduction beats a matmul
 
 
 def pack_int4_groups(codes: torch.Tensor, group_size: int) -> torch.Tensor:
