@@ -11,7 +11,9 @@ An optimization written as a transformation of the plain model (the gpt-fast rec
    MKL's ``mm``, which on the AMD EPYC of this course's machines reads a batch-1 weight at
    about 10 GB/s, one core's worth (``docs/benchmarks.md``). Compressed weights
    (int8/int4, :mod:`minillm.quant.weight_only`) use the same formulation on their codes;
-3. the small element-wise ops (norms, RoPE, SiLU) fuse into few kernels.
+3. the small element-wise ops (norms, RoPE, SiLU) fuse into few kernels, but each is
+   computed once per step, not once per output row of the product that reads it
+   (``COMPUTE_INPUTS_ONCE``).
 
 The prompt (prefill) and padded batches still run eagerly. Compiling takes a minute or
 two on a 2-core CPU, so this pays off for long generations and benchmarks, not for tests.
@@ -25,6 +27,13 @@ from torch import nn
 from .kv_cache import StaticKVCache
 from .linear import MAX_REDUCTION_ROWS, CompressedLinear, replace_linears
 from .model import Transformer
+
+# Inductor inlines a cheap element-wise producer (an RMSNorm, silu(gate) * up) into each
+# consumer's loop. Into a one-token product that means recomputing the layer's input for
+# every output row: 49,152 times for the LM head. Materializing every producer that has
+# more than one op or more than one reader computes each input once (int8 step 23.6 ->
+# 15.0 ms on the Intel Xeon of docs/benchmarks.md).
+COMPUTE_INPUTS_ONCE = {"realize_reads_threshold": 1, "realize_cpu_opcount_threshold": 1}
 
 
 class MatVecLinear(nn.Linear):
@@ -63,7 +72,8 @@ def compile_decode(model: Transformer, freezing: bool | None = None,
     replace_linears(model, MatVecLinear.from_linear, skip=())
     eager_forward = model.forward
     compiled_forward = torch.compile(eager_forward, fullgraph=True, dynamic=False,
-                                     options={"max_autotune": autotune, "freezing": freezing})
+                                     options={"max_autotune": autotune, "freezing": freezing,
+                                              **COMPUTE_INPUTS_ONCE})
 
     def forward(input_ids, cache=None, attention_mask=None, last_only=False):
         if input_ids.shape[1] == 1 and attention_mask is None and isinstance(cache, StaticKVCache):

@@ -100,6 +100,10 @@ class StaticKVCache(KVCache):
     rounded up to a multiple of ``SLOT_BUCKET``, so generations of different lengths reuse
     one compiled graph. There is no overflow check (it would need the position as a Python
     int): allocate enough slots.
+
+    Each layer's K and V is a tensor of its own (``keys`` and ``values`` are lists): a
+    compiled step that writes into one layer of a stacked tensor copies the whole stack,
+    every layer, at every layer.
     """
 
     decode_needs_mask = True
@@ -108,14 +112,15 @@ class StaticKVCache(KVCache):
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         max_len = -(-max_len // self.SLOT_BUCKET) * self.SLOT_BUCKET
-        self.keys, self.values = _allocate(config, batch_size, max_len, dtype, device)
+        self.keys, self.values = ([layer.clone() for layer in stacked] for stacked
+                                  in _allocate(config, batch_size, max_len, dtype, device))
         self.max_len = max_len
         self.all_steps = torch.arange(max_len, device=device)
         self.next_step = torch.zeros((), dtype=torch.long, device=device)
         self._writing = self.next_step
 
     def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self._writing = self.next_step + torch.arange(n_new, device=self.keys.device)
+        self._writing = self.next_step + torch.arange(n_new, device=self.all_steps.device)
         return self._writing, self.all_steps
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -128,6 +133,9 @@ class StaticKVCache(KVCache):
 
     def rewind(self, n: int) -> None:
         self.next_step -= n  # the forgotten slots lie in the future again: masked
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in [*self.keys, *self.values])
 
 
 class SlidingWindowKVCache(DenseCache):
