@@ -31,9 +31,19 @@ from .model import Transformer
 # Inductor inlines a cheap element-wise producer (an RMSNorm, silu(gate) * up) into each
 # consumer's loop. Into a one-token product that means recomputing the layer's input for
 # every output row: 49,152 times for the LM head. Materializing every producer that has
-# more than one op or more than one reader computes each input once (int8 step 23.6 ->
-# 15.0 ms on the Intel Xeon of docs/benchmarks.md).
+# more than one op or more than one reader computes each input once (int8 step 21.4 ->
+# 14.8 ms, fp32 28.6 -> 24.3 ms on the Intel Xeon of docs/benchmarks.md).
 COMPUTE_INPUTS_ONCE = {"realize_reads_threshold": 1, "realize_cpu_opcount_threshold": 1}
+# With int4 weights the op-count rule also materializes each dequantized weight (unpack,
+# scale: three ops) in fp32, the memory traffic the format exists to avoid; the
+# reader-count rule alone is the faster choice there (step 22.6 -> 20.9 ms, not 25.0).
+COMPUTE_INPUTS_ONCE_INT4 = {"realize_reads_threshold": 1}
+
+
+def _inductor_options(model: Transformer) -> dict:
+    has_int4 = any(isinstance(m, CompressedLinear) and getattr(m, "bits", None) == 4
+                   for m in model.modules())
+    return COMPUTE_INPUTS_ONCE_INT4 if has_int4 else COMPUTE_INPUTS_ONCE
 
 
 class MatVecLinear(nn.Linear):
@@ -73,7 +83,7 @@ def compile_decode(model: Transformer, freezing: bool | None = None,
     eager_forward = model.forward
     compiled_forward = torch.compile(eager_forward, fullgraph=True, dynamic=False,
                                      options={"max_autotune": autotune, "freezing": freezing,
-                                              **COMPUTE_INPUTS_ONCE})
+                                              **_inductor_options(model)})
 
     def forward(input_ids, cache=None, attention_mask=None, last_only=False):
         if input_ids.shape[1] == 1 and attention_mask is None and isinstance(cache, StaticKVCache):
