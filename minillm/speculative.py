@@ -111,15 +111,20 @@ class DraftModel:
 
 class PromptLookup:
     """Prompt lookup decoding (Saxena 2023): find the latest earlier occurrence of the
-    context's last n tokens (n = ``max_ngram`` down to 1) and propose what followed it.
-    Free to run, and good when the answer copies its input (rewriting, editing, extracting)."""
+    context's last n tokens (n = ``max_ngram`` down to ``min_ngram``) and propose what
+    followed it. Free to run, and good when the answer copies its input (rewriting,
+    editing, extracting). A one-token match is nearly always found and rarely right in
+    free text, where each wasted proposal still costs a longer verification:
+    ``min_ngram=2`` proposes less often (``benchmarks/speculative.py`` measures both)."""
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3):
-        self.vocab_size, self.max_ngram = vocab_size, max_ngram
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
 
     def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]:
         drafted: list[int] = []
-        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             tail = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == tail:

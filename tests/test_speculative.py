@@ -72,6 +72,15 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert lookup.propose([1, 2, 3], gamma=4)[0] == []
 
 
+def test_prompt_lookup_with_min_ngram_ignores_shorter_matches():
+    context = [1, 2, 3, 7, 8, 3]  # the last token, 3, occurred before; the last 2-gram did not
+    assert PromptLookup(200).propose(context, 2)[0] == [7, 8]
+    assert PromptLookup(200, min_ngram=2).propose(context, 2)[0] == []
+    assert PromptLookup(200, min_ngram=2).propose(context + [7], 2)[0] == [8, 3]
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookup(200, max_ngram=2, min_ngram=3)
+
+
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a - b).abs().sum())
 

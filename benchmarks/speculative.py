@@ -1,0 +1,107 @@
+"""Speculative decoding on this CPU: prompt lookup vs plain greedy decoding, SmolLM2.
+
+    python benchmarks/speculative.py                 # the table in docs/benchmarks.md
+    python benchmarks/speculative.py --gamma 2 4 8   # a gamma sweep
+
+Each prompt is decoded greedily twice by the same engine path (eager, contiguous KV
+cache): plainly with ``generate``, and with ``speculative_generate`` drafting ``gamma``
+tokens per target call by prompt lookup (n-grams of the context, up to 3 tokens and at
+least ``--min-ngram``). Lossless rows
+only: the speculative tokens are compared with the plain ones and the table says so.
+
+Prompts come in two kinds, after the issue's goals: *input-grounded* (rewrite, extract,
+edit code: the answer copies spans of the prompt, which is what prompt lookup can guess)
+and *open-ended* (a story, advice: little to copy). The paragraph to rewrite and extract
+from is the first document of the course's Wikipedia eval split.
+
+Columns: alpha (share of drafted tokens accepted), tokens per target call, the speedup
+that tokens per call predicts if a verification cost one decode step (an upper bound: a
+verify pass over gamma + 1 tokens costs more), and the measured wall-clock speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import torch
+
+from minillm import Tokenizer, generate, load_model
+from minillm.data import load_documents
+from minillm.speculative import PromptLookup, speculative_generate
+
+CODE = '''def mean(values):
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values) if values else 0.0
+
+
+def variance(values):
+    m = mean(values)
+    return sum((v - m) ** 2 for v in values) / len(values)
+'''
+
+
+def prompts(tokenizer: Tokenizer) -> list[tuple[str, str, list[int]]]:
+    """(kind, name, chat prompt ids) for every benchmark prompt."""
+    paragraph = " ".join(load_documents("wikipedia", "eval")[0].split()[:120])
+    grounded = {
+        "rewrite": f"Rewrite this paragraph in plain words, keeping its facts:\n\n{paragraph}",
+        "extract": f"List every name, date and number that appears in this text:\n\n{paragraph}",
+        "edit code": f"Rename the variable `values` to `xs` in this code and return the "
+                     f"whole code:\n\n{CODE}",
+    }
+    open_ended = {
+        "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "advice": "How can I get better at learning a new language? Give practical tips.",
+    }
+    return ([("input-grounded", name, tokenizer.chat_prompt(text))
+             for name, text in grounded.items()]
+            + [("open-ended", name, tokenizer.chat_prompt(text))
+               for name, text in open_ended.items()])
+
+
+def timed(repeats: int, fn, *args, **kwargs):
+    """(best seconds over ``repeats`` calls of ``fn(*args, **kwargs)``, the last result)."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, nargs="+", default=[4])
+    parser.add_argument("--min-ngram", type=int, nargs="+", default=[1, 2],
+                        help="shortest context match prompt lookup drafts from")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    tokenizer, model = Tokenizer("smollm2"), load_model("smollm2")
+    stop = tokenizer.stop_tokens
+    print("| prompt | kind | gamma | min n-gram | alpha | tokens per call | predicted "
+          "| measured speedup | plain tok/s | same tokens |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for kind, name, prompt in prompts(tokenizer):
+        plain_seconds, (plain,) = timed(args.repeats, generate, model, [prompt],
+                                        args.new_tokens, stop_tokens=stop)
+        for gamma, min_ngram in itertools.product(args.gamma, args.min_ngram):
+            lookup = PromptLookup(model.config.vocab_size, min_ngram=min_ngram)
+            seconds, (tokens, stats) = timed(args.repeats, speculative_generate, model, lookup,
+                                             prompt, args.new_tokens, gamma=gamma,
+                                             stop_tokens=stop)
+            same = "yes" if tokens == plain else "NO"
+            print(f"| {name} | {kind} | {gamma} | {min_ngram} | {stats.acceptance_rate:.2f} | "
+                  f"{stats.tokens_per_call:.2f} | {stats.tokens_per_call:.2f}x | "
+                  f"{plain_seconds / seconds:.2f}x | {len(plain) / plain_seconds:.1f} | "
+                  f"{same} ({len(plain)} tokens) |")
+
+
+if __name__ == "__main__":
+    main()
