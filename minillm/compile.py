@@ -27,6 +27,7 @@ from torch import nn
 from .kv_cache import StaticKVCache
 from .linear import MAX_REDUCTION_ROWS, CompressedLinear, replace_linears
 from .model import Transformer
+from .quant.weight_only import WeightOnlyLinear
 
 # Inductor inlines a cheap element-wise producer (an RMSNorm, silu(gate) * up) into each
 # consumer's loop. Into a one-token product that means recomputing the layer's input for
@@ -44,9 +45,9 @@ COMPUTE_INPUTS_ONCE_INT4 = {"realize_reads_threshold": 1}
 NO_MODULE_GUARDS = torch.compiler.skip_guard_on_all_nn_modules_unsafe
 
 
-def _inductor_options(model: Transformer) -> dict:
-    has_int4 = any(isinstance(m, CompressedLinear) and getattr(m, "bits", None) == 4
-                   for m in model.modules())
+def _realize_rules(model: Transformer) -> dict:
+    """Which of the two rule sets above suits ``model``'s weights."""
+    has_int4 = any(isinstance(m, WeightOnlyLinear) and m.bits == 4 for m in model.modules())
     return COMPUTE_INPUTS_ONCE_INT4 if has_int4 else COMPUTE_INPUTS_ONCE
 
 
@@ -90,7 +91,7 @@ def compile_decode(model: Transformer, freezing: bool | None = None,
     eager_forward = model.forward
     compiled_forward = torch.compile(eager_forward, fullgraph=True, dynamic=False,
                                      options={"max_autotune": autotune, "freezing": freezing,
-                                              **_inductor_options(model),
+                                              **_realize_rules(model),
                                               "guard_filter_fn": NO_MODULE_GUARDS})
 
     def forward(input_ids, cache=None, attention_mask=None, last_only=False):

@@ -112,8 +112,9 @@ class StaticKVCache(KVCache):
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         max_len = -(-max_len // self.SLOT_BUCKET) * self.SLOT_BUCKET
-        self.keys, self.values = ([layer.clone() for layer in stacked] for stacked
-                                  in _allocate(config, batch_size, max_len, dtype, device))
+        shape = (batch_size, config.num_kv_heads, max_len, config.head_dim)
+        self.keys, self.values = ([torch.zeros(shape, dtype=dtype, device=device)
+                                   for _ in range(config.num_layers)] for _ in range(2))
         self.max_len = max_len
         self.all_steps = torch.arange(max_len, device=device)
         self.next_step = torch.zeros((), dtype=torch.long, device=device)
