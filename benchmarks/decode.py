@@ -6,7 +6,8 @@ llama.cpp, in one run.
     python benchmarks/decode.py --quick       # about a minute (the same as `minillm bench`)
 
 Same prompts, same greedy tokens (checked: fp32 rows against Hugging Face, quantized rows
-against the same weights dequantized), same thread count, same run. The measuring code is
+against the same weights dequantized; the W8A8 row, which also rounds activations, reports
+how many leading tokens it shares), same thread count, same run. The measuring code is
 in minillm/bench.py; llama.cpp's rows come from benchmarks/llama_cpp.py (``llama-bench``
 generating 128 tokens at batch 1; it has no batch-8 generation test, so batch 8 has no
 llama.cpp row).
@@ -20,6 +21,7 @@ from minillm.bench import DecodeRow, run_decode_benchmark
 
 PEER_OF = {"minillm fp32, compile_decode": "F32",
            "minillm int8, weight-only, compiled": "Q8_0",
+           "minillm int8, int8 activations (W8A8), compiled": "Q8_0",
            "minillm int4, weight-only, compiled": "Q4_1"}
 
 

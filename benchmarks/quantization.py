@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,7 @@ from minillm.eval import EvalSlice, evaluate
 from minillm.quant import QUANTIZERS, QuantScheme, quantize_model
 from minillm.quant.calibration import calibration_windows
 from minillm.quant.embedding import compact_embedding
+from minillm.quant.int8_activations import to_int8_activations
 from minillm.quant.qlinear import model_nbytes
 
 G128_4BIT = QuantScheme(bits=4, symmetric=False, group_size=128)
@@ -46,11 +48,13 @@ INT8_PER_CHANNEL = QuantScheme(bits=8, symmetric=True, group_size=None)
 
 @dataclass(frozen=True)
 class Recipe:
-    """A registry method (``minillm.quant.QUANTIZERS``) with its scheme and options."""
+    """A registry method (``minillm.quant.QUANTIZERS``) with its scheme and options, and
+    optionally a transformation of the quantized model (how it runs)."""
 
     method: str
     scheme: QuantScheme | None = None
     options: dict = field(default_factory=dict)
+    then: Callable | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -58,14 +62,17 @@ class Recipe:
                 or self.options.get("prune") == "wanda")
 
     def apply(self, model, windows):
-        return quantize_model(model, self.method, self.scheme,
-                              windows=windows if self.calibrated else None, **self.options)
+        model = quantize_model(model, self.method, self.scheme,
+                               windows=windows if self.calibrated else None, **self.options)
+        return model if self.then is None else self.then(model)
 
 
 # name: (label, recipe); the reference has none
 ROWS: dict[str, tuple[str, Recipe | None]] = {
     "reference": ("reference (fp32 weights, the Q4_1-dequantized checkpoint)", None),
     "int8": ("RTN int8 per-channel, symmetric", Recipe("rtn", INT8_PER_CHANNEL)),
+    "int8_w8a8": ("RTN int8 per-channel + int8 activations per token (W8A8, FBGEMM)",
+                  Recipe("rtn", INT8_PER_CHANNEL, then=to_int8_activations)),
     "rtn4": ("RTN 4-bit g128", Recipe("rtn", G128_4BIT)),
     "gptq4": ("GPTQ 4-bit g128", Recipe("gptq", G128_4BIT)),
     "awq4": ("AWQ 4-bit g128", Recipe("awq", G128_4BIT)),

@@ -8,8 +8,9 @@ roofline of its own weights (fp32, int8 or int4 bytes).
 
 Every row decodes the same prompts greedily and is checked against a reference row: the
 fp32 rows against Hugging Face, the quantized rows against the same quantized weights run
-the simple way (dequantize, then matmul). External peers (``benchmarks/llama_cpp.py``)
-join the table as rows without tokens.
+the simple way (dequantize, then matmul). The W8A8 row rounds activations as well, a
+different computation: it reports how many leading tokens it shares with that reference.
+External peers (``benchmarks/llama_cpp.py``) join the table as rows without tokens.
 
 Used by ``benchmarks/decode.py`` and ``minillm bench``.
 """
@@ -126,11 +127,23 @@ def same_tokens(a: list[list[int]], b: list[list[int]]) -> bool:
     return all(x[:len(y)] == y[:len(x)] for x, y in zip(a, b, strict=True))
 
 
+def same_prefix_length(a: list[list[int]], b: list[list[int]]) -> int:
+    """How many leading tokens every sequence of ``a`` shares with its partner in ``b``."""
+    def shared(p: list[int], q: list[int]) -> int:
+        differ = (i for i, (x, y) in enumerate(zip(p, q, strict=False)) if x != y)
+        return next(differ, min(len(p), len(q)))
+
+    return min(shared(p, q) for p, q in zip(a, b, strict=True))
+
+
 def _agreement(row: DecodeRow, by_name: dict[str, DecodeRow]) -> str:
     if row.tokens is None or not row.reference:
         return "(reference)" if row.tokens is not None else "n/a"
-    verdict = "yes" if same_tokens(row.tokens, by_name[row.reference].tokens) else "NO"
-    return f"{verdict} ({row.reference})"
+    reference = by_name[row.reference].tokens
+    if same_tokens(row.tokens, reference):
+        return f"yes ({row.reference})"
+    return (f"NO, the first {same_prefix_length(row.tokens, reference)} of {row.new_tokens} "
+            f"({row.reference})")
 
 
 def format_table(rows: list[DecodeRow], baseline: DecodeRow, bandwidth: float,
@@ -163,6 +176,14 @@ def quantized_models(plain: Transformer, scheme: QuantScheme) -> tuple[Transform
     return reference, compile_decode(to_weight_only(copy.deepcopy(reference)))
 
 
+def int8_activation_model(reference: Transformer) -> Transformer:
+    """The int8 reference's weights with int8 activations (W8A8, FBGEMM), compiled."""
+    from .compile import compile_decode
+    from .quant.int8_activations import to_int8_activations
+
+    return compile_decode(to_int8_activations(copy.deepcopy(reference)))
+
+
 def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
                 compiled: bool = True, quantized: bool = True) -> list[DecodeRow]:
     """Every minillm row (and Hugging Face's) for one batch size, same prompts."""
@@ -187,6 +208,10 @@ def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
         if compiled:
             rows.append(bench_minillm(f"minillm {precision}, weight-only, compiled", fast,
                                       prompts, new_tokens, pad, reference=name))
+        if compiled and precision == "int8":
+            rows.append(bench_minillm("minillm int8, int8 activations (W8A8), compiled",
+                                      int8_activation_model(reference), prompts, new_tokens,
+                                      pad, reference=name))
     return rows
 
 

@@ -13,7 +13,10 @@ An optimization written as a transformation of the plain model (the gpt-fast rec
    (int8/int4, :mod:`minillm.quant.weight_only`) use the same formulation on their codes;
 3. the small element-wise ops (norms, RoPE, SiLU) fuse into few kernels, but each is
    computed once per step, not once per output row of the product that reads it
-   (``COMPUTE_INPUTS_ONCE``).
+   (``COMPUTE_INPUTS_ONCE``);
+4. a one-token step's attention is written out (:class:`DecodeAttention`), so it fuses
+   into the step's kernels instead of calling the SDPA kernel once per layer;
+5. q/k/v and gate/up are each one product (:func:`~minillm.fused_projections.fuse_projections`).
 
 The prompt (prefill) and padded batches still run eagerly. Compiling takes a minute or
 two on a 2-core CPU, so this pays off for long generations and benchmarks, not for tests.
@@ -21,12 +24,15 @@ two on a 2-core CPU, so this pays off for long generations and benchmarks, not f
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+from .fused_projections import fuse_projections
 from .kv_cache import StaticKVCache
 from .linear import MAX_REDUCTION_ROWS, CompressedLinear, replace_linears
-from .model import Transformer
+from .model import Attention, Transformer
 from .quant.weight_only import WeightOnlyLinear
 
 # Inductor inlines a cheap element-wise producer (an RMSNorm, silu(gate) * up) into each
@@ -72,6 +78,30 @@ class MatVecLinear(nn.Linear):
         return y if self.bias is None else y + self.bias
 
 
+class DecodeAttention:
+    """An attention backend that, compiled for one query token, is written out as math.
+
+    With one query, each KV group's query heads are a [group, head_dim] matrix: scores against
+    the cached keys, masked, softmax, times the values (Vaswani et al. 2017, eq. 1, grouped as
+    in GQA, so K and V are never repeated). Inductor fuses that into the step's own loops;
+    PyTorch's SDPA kernel cost ~55 µs per layer and call. Otherwise the model's backend runs.
+    """
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __call__(self, q, k, v, mask=None):
+        if not torch.compiler.is_compiling() or q.shape[2] != 1:
+            return self.backend(q, k, v, mask)
+        batch, heads, _, head_dim = q.shape
+        kv_heads = k.shape[1]
+        grouped = q.view(batch, kv_heads, heads // kv_heads, head_dim)
+        scores = grouped @ k.transpose(-2, -1) / math.sqrt(head_dim)  # [b, kv, group, keys]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1) @ v).view(batch, heads, 1, head_dim)
+
+
 def compile_decode(model: Transformer, freezing: bool | None = None,
                    autotune: bool = True) -> Transformer:
     """Make ``model`` run single-token, unpadded steps through a compiled graph (in place).
@@ -87,7 +117,11 @@ def compile_decode(model: Transformer, freezing: bool | None = None,
     """
     if freezing is None:
         freezing = not any(isinstance(m, CompressedLinear) for m in model.modules())
+    fuse_projections(model)
     replace_linears(model, MatVecLinear.from_linear, skip=())
+    for attention in model.modules():
+        if isinstance(attention, Attention) and not isinstance(attention.backend, DecodeAttention):
+            attention.backend = DecodeAttention(attention.backend)
     eager_forward = model.forward
     compiled_forward = torch.compile(eager_forward, fullgraph=True, dynamic=False,
                                      options={"max_autotune": autotune, "freezing": freezing,

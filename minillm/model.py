@@ -43,9 +43,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, hidden, bias=bias)
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d, bias=bias)
+        self.gate_up_proj = None  # both in one product, after fuse_projections()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Attention(nn.Module):
@@ -61,17 +66,24 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, config.num_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(d, config.num_kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(config.num_heads * hd, d, bias=bias)
+        self.qkv_proj = None  # the three in one product, after fuse_projections()
         self.backend = get_backend(backend)
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         batch, seq, _ = x.shape
         return x.view(batch, seq, heads, self.head_dim).transpose(1, 2)
 
+    def _project(self, x: torch.Tensor):
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv_size = self.num_kv_heads * self.head_dim
+        return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv_size, kv_size], -1)
+
     def forward(self, x, rope_cos, rope_sin, mask, cache=None):
         batch, seq, _ = x.shape
-        q = self._split_heads(self.q_proj(x), self.num_heads)
-        k = self._split_heads(self.k_proj(x), self.num_kv_heads)
-        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
+        q, k, v = self._project(x)
+        q, k, v = (self._split_heads(q, self.num_heads), self._split_heads(k, self.num_kv_heads),
+                   self._split_heads(v, self.num_kv_heads))
         q, k = apply_rotary(q, rope_cos, rope_sin), apply_rotary(k, rope_cos, rope_sin)
         if cache is None:
             out = self.backend(q, k, v, mask)  # [batch, heads, seq, head_dim]

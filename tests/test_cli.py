@@ -115,3 +115,32 @@ def test_generate_runs_a_quantized_checkpoint_through_the_compiled_fast_path(
                         stop_tokens=tokenizer.stop_tokens)[0]
     expected = [t for t in expected if t not in tokenizer.stop_tokens]
     assert text == "Hello" + tokenizer.decode(expected) + "\n"
+
+
+def test_int8_activations_need_int8_weights(capsys, tmp_path, tokenizer):
+    tiny_pair(tmp_path)
+    tokenizer.hf.save_pretrained(tmp_path)
+    code, out, err = run_cli(capsys, "generate", "Hello", "--model", str(tmp_path),
+                             "--int8-activations")
+    assert code == 2 and out == ""
+    assert "needs per-channel int8 weights" in err and "minillm quantize" in err
+
+
+@pytest.mark.slow
+def test_generate_with_int8_activations_runs_the_w8a8_layers(capsys, tmp_path, tokenizer):
+    from minillm.checkpoint import load_model
+    from minillm.generate import generate
+    from minillm.quant.int8_activations import to_int8_activations
+
+    tiny_pair(tmp_path / "float", vocab_size=49152, tie_word_embeddings=True)
+    tokenizer.hf.save_pretrained(tmp_path / "float")
+    out = tmp_path / "int8"
+    assert run_cli(capsys, "quantize", str(out), "--model", str(tmp_path / "float"),
+                   "--bits", "8", "--symmetric", "--group-size", "0",
+                   "--embedding", "int8")[0] == 0
+    code, text, _ = run_cli(capsys, "generate", "Hello", "--model", str(out),
+                            "--max-new-tokens", "6", "--int8-activations", "--no-compile")
+    expected = generate(to_int8_activations(load_model(out)), tokenizer.encode("Hello"), 6,
+                        stop_tokens=tokenizer.stop_tokens)[0]
+    expected = [t for t in expected if t not in tokenizer.stop_tokens]
+    assert code == 0 and text == "Hello" + tokenizer.decode(expected) + "\n"

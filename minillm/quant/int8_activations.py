@@ -1,0 +1,166 @@
+"""int8 weights times int8 activations (W8A8, dynamic): the decode product in integers.
+
+Weight-only int8 (:mod:`minillm.quant.weight_only`) reads a quarter of fp32's bytes but
+still multiplies in fp32: every code is converted to a float first, and on a CPU whose
+cache holds the whole model that conversion, not memory, sets the speed. llama.cpp's Q8_0
+avoids it by rounding the *activation* vector to int8 as well and multiplying int8 by int8
+into int32 with the CPU's integer dot-product instructions (AVX-512 VNNI / AVX2). This
+module does the same with the kernel PyTorch already ships for it, FBGEMM's dynamically
+quantized linear (``torch.ops.quantized.linear_dynamic``).
+
+Each token's activations x (one row) get their own asymmetric 8-bit grid, chosen from the
+row's range when the token arrives ("dynamic"): with m = min(x, 0) and M = max(x, 0),
+
+    s_x = (M − m) / 255,   z_x = round(−m / s_x),   q_x = clamp(round(x / s_x) + z_x, 0, 255)
+
+(:func:`activation_qparams`, :func:`quantize_activations`). A weight row o keeps its
+symmetric per-channel int8 codes q_o and scale s_o. Then
+
+    y_o ≈ s_x s_o Σ_i (q_x,i − z_x) q_o,i = s_x s_o (Σ_i q_x,i q_o,i − z_x Σ_i q_o,i),
+
+an integer dot product (exact in int32) and one multiply per output. The rounding of x is
+the price: greedy tokens drift from weight-only int8 after a few dozen tokens, and
+perplexity moves by the amount ``benchmarks/quantization.py`` reports for this row.
+
+:class:`Int8ActivationLinear` runs FBGEMM for up to ``MAX_INTEGER_ROWS`` rows (decode steps)
+and the readable reference otherwise (prompts): round x per row as above, then the integer
+sums in float64 (:meth:`Int8ActivationLinear.reference_product`). Both compute the same
+float32 numbers; the tests check the rounding against ``torch.quantize_per_tensor_dynamic``
+and the products against FBGEMM, bit for bit.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..linear import CompressedLinear
+from .weight_only import WeightOnlyLinear, to_weight_only
+
+# Up to this many rows (batch-8 decode steps), FBGEMM runs once per row, each row with its
+# own activation grid; longer inputs (prompts) take the fp32 reference, where the
+# arithmetic, not the weight format, sets the speed.
+MAX_INTEGER_ROWS = 8
+UINT8_MAX = 255
+SMALLEST_SCALE = 6.1e-5  # FBGEMM's floor on an activation scale
+
+
+def activation_qparams(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (scale, zero point) of the asymmetric uint8 grid, [..., 1] each.
+
+    The range always includes 0, so 0 is exact (as zero padding needs). FBGEMM's rule
+    (``ChooseQuantizationParams``): computed in float64; an all-zero row gets scale 0.1; a
+    range narrower than 255 · 6.1e-5 is widened to that, the zero point staying put.
+    """
+    low = x.amin(-1, keepdim=True).clamp(max=0).double()
+    high = x.amax(-1, keepdim=True).clamp(min=0).double()
+    scale = torch.where(high > low, (high - low) / UINT8_MAX, 0.1)
+    zero = (-low / scale).round().clamp(0, UINT8_MAX)
+    return scale.clamp(min=SMALLEST_SCALE).float(), zero.float()
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, scale, zero point) of x on its per-row uint8 grid, so x ≈ scale · (codes − zero).
+
+    In FBGEMM's order: multiply by the float32 reciprocal of the scale, add the zero point,
+    then round half to even. (FBGEMM's vector code rounds about one value in a million the
+    other way, where the product lands within float error of a tie.) Codes are floats.
+    """
+    scale, zero = activation_qparams(x)
+    codes = (x.float() * (1 / scale) + zero).round().clamp(0, UINT8_MAX)
+    return codes, scale, zero
+
+
+_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
+_PACKED: dict[tuple[int, int], torch.ScriptObject] = {}  # codes' (address, rows) -> packed
+
+
+def _packed_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
+    """FBGEMM's pre-arranged copy of ``codes``, made on first use and dropped with them."""
+    key = (codes.data_ptr(), codes.shape[0])
+    packed = _PACKED.get(key)
+    if packed is None:
+        zeros = torch.zeros(codes.shape[0], dtype=torch.long)
+        weight = torch._make_per_channel_quantized_tensor(codes, scales.double(), zeros, 0)
+        packed = _PACKED[key] = torch.ops.quantized.linear_prepack(weight, None)
+        weakref.finalize(codes, _PACKED.pop, key, None)
+    return packed
+
+
+# One op over plain tensors, so torch.compile can call it from a compiled graph: Dynamo
+# cannot trace FBGEMM's packed-weight object itself, only this op that looks it up.
+_LIBRARY = torch.library.Library("minillm", "DEF")
+_LIBRARY.define("int8_linear(Tensor x, Tensor codes, Tensor scales) -> Tensor")
+
+
+def _int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    packed = _packed_weight(codes, scales)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 1:
+        return _LINEAR_DYNAMIC(x, packed, False)
+    y = torch.cat([_LINEAR_DYNAMIC(row, packed, False) for row in rows.split(1)])
+    return y.reshape(*x.shape[:-1], codes.shape[0])
+
+
+_LIBRARY.impl("int8_linear", _int8_linear, "CPU")
+
+
+@torch.library.register_fake("minillm::int8_linear")
+def _int8_linear_shape(x, codes, scales):
+    return x.new_empty(*x.shape[:-1], codes.shape[0])
+
+
+class Int8ActivationLinear(CompressedLinear):
+    """Per-channel int8 weights; each input row rounded to int8 on the fly (module docstring)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(codes.shape[1], codes.shape[0], bias)
+        self.register_buffer("codes", codes)  # int8 [out, in]
+        self.register_buffer("scales", scales.float().reshape(-1))  # fp32 [out]
+
+    @classmethod
+    def supports(cls, layer: torch.nn.Module) -> bool:
+        """Symmetric int8 codes with one scale per output row (a group spanning the row)."""
+        return (isinstance(layer, WeightOnlyLinear) and layer.bits == 8
+                and layer.zeros is None and layer.scales.shape[1] == 1)
+
+    @classmethod
+    def from_weight_only(cls, layer: WeightOnlyLinear) -> Int8ActivationLinear:
+        if not cls.supports(layer):
+            raise ValueError("int8 activations need per-channel symmetric int8 weights "
+                             f"(bits=8, one scale per row), not bits={layer.bits} with "
+                             f"{layer.scales.shape[1]} groups per row")
+        return cls(layer.codes, layer.scales, layer.bias)
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.codes.float() * self.scales[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows > MAX_INTEGER_ROWS or x.dtype != torch.float32:
+            y = self.reference_product(x)
+        else:
+            y = torch.ops.minillm.int8_linear(x, self.codes, self.scales)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def reference_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T the readable way: the integer sums Σ_i (q_x,i − z_x) q_o,i, exact in float64,
+        then times s_x · s_o in float32, in FBGEMM's order (so the two agree bit for bit)."""
+        codes, scale, zero = quantize_activations(x)
+        sums = (codes - zero).double() @ self.codes.double().T
+        return (sums.float() * (scale * self.scales)).to(x.dtype)
+
+
+def to_int8_activations(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every per-channel int8 linear (and a tied int8 head) int8 activations, in place.
+
+    Takes a model with int8 :class:`~minillm.quant.qlinear.QuantLinear` layers (e.g. from
+    ``quantize_model(model, "rtn", QuantScheme(8, symmetric=True, group_size=None))``) or
+    their weight-only form; other layers are left as they are.
+    """
+    to_weight_only(model)
+    for name, module in list(model.named_modules()):
+        if Int8ActivationLinear.supports(module):
+            model.set_submodule(name, Int8ActivationLinear.from_weight_only(module))
+    return model
