@@ -25,6 +25,7 @@ two on a 2-core CPU, so this pays off for long generations and benchmarks, not f
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 from torch import nn
@@ -49,6 +50,15 @@ COMPUTE_INPUTS_ONCE_INT4 = {"realize_reads_threshold": 1}
 # checks on every module and parameter of the model took 0.9 ms of a 15 ms int8 step;
 # a decode model does not change between steps, so only the inputs are checked.
 NO_MODULE_GUARDS = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+
+
+def _with_own_code(function):
+    """A copy of ``function`` with a code object of its own. Dynamo keeps compiled graphs per
+    code object; without its module guards it would hand one model's graph to the next model
+    compiled in the same process (a different size or weight format: a crash, or wrong
+    numbers). Each compiled model gets its own."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__,
+                              function.__name__, function.__defaults__, function.__closure__)
 
 
 def _realize_rules(model: Transformer) -> dict:
@@ -123,7 +133,8 @@ def compile_decode(model: Transformer, freezing: bool | None = None,
         if isinstance(attention, Attention) and not isinstance(attention.backend, DecodeAttention):
             attention.backend = DecodeAttention(attention.backend)
     eager_forward = model.forward
-    compiled_forward = torch.compile(eager_forward, fullgraph=True, dynamic=False,
+    compiled_forward = torch.compile(types.MethodType(_with_own_code(type(model).forward), model),
+                                     fullgraph=True, dynamic=False,
                                      options={"max_autotune": autotune, "freezing": freezing,
                                               **_realize_rules(model),
                                               "guard_filter_fn": NO_MODULE_GUARDS})

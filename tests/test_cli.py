@@ -94,6 +94,17 @@ def test_the_registry_and_the_cli_offer_the_same_methods():
     assert json.dumps(sorted(QUANTIZERS))  # names are plain strings
 
 
+def int8_checkpoint(capsys, tmp_path, tokenizer):
+    """``minillm quantize`` of a tiny model: per-channel int8 weights and embedding."""
+    tiny_pair(tmp_path / "float", vocab_size=49152, tie_word_embeddings=True)
+    tokenizer.hf.save_pretrained(tmp_path / "float")
+    out = tmp_path / "int8"
+    assert run_cli(capsys, "quantize", str(out), "--model", str(tmp_path / "float"),
+                   "--bits", "8", "--symmetric", "--group-size", "0",
+                   "--embedding", "int8")[0] == 0
+    return out
+
+
 @pytest.mark.slow
 def test_generate_runs_a_quantized_checkpoint_through_the_compiled_fast_path(
         capsys, tmp_path, tokenizer):
@@ -102,12 +113,7 @@ def test_generate_runs_a_quantized_checkpoint_through_the_compiled_fast_path(
     from minillm.checkpoint import load_model
     from minillm.generate import generate
 
-    tiny_pair(tmp_path / "float", vocab_size=49152, tie_word_embeddings=True)
-    tokenizer.hf.save_pretrained(tmp_path / "float")
-    out = tmp_path / "int8"
-    assert run_cli(capsys, "quantize", str(out), "--model", str(tmp_path / "float"),
-                   "--bits", "8", "--symmetric", "--group-size", "0",
-                   "--embedding", "int8")[0] == 0
+    out = int8_checkpoint(capsys, tmp_path, tokenizer)
     code, text, err = run_cli(capsys, "generate", "Hello", "--model", str(out),
                               "--max-new-tokens", "6")
     assert code == 0 and "decode step compiled in" in err
@@ -132,12 +138,7 @@ def test_generate_with_int8_activations_runs_the_w8a8_layers(capsys, tmp_path, t
     from minillm.generate import generate
     from minillm.quant.int8_activations import to_int8_activations
 
-    tiny_pair(tmp_path / "float", vocab_size=49152, tie_word_embeddings=True)
-    tokenizer.hf.save_pretrained(tmp_path / "float")
-    out = tmp_path / "int8"
-    assert run_cli(capsys, "quantize", str(out), "--model", str(tmp_path / "float"),
-                   "--bits", "8", "--symmetric", "--group-size", "0",
-                   "--embedding", "int8")[0] == 0
+    out = int8_checkpoint(capsys, tmp_path, tokenizer)
     code, text, _ = run_cli(capsys, "generate", "Hello", "--model", str(out),
                             "--max-new-tokens", "6", "--int8-activations", "--no-compile")
     expected = generate(to_int8_activations(load_model(out)), tokenizer.encode("Hello"), 6,

@@ -174,3 +174,15 @@ def test_compiled_decode_generates_the_same_tokens(tiny):
 
     expected = generate(tiny, PROMPTS[0], 8)
     assert generate(compile_decode(tiny, autotune=False), PROMPTS[0], 8) == expected
+
+
+def test_models_compiled_in_one_process_keep_their_own_graphs(tmp_path):
+    """Dynamo's module guards are off in compile_decode; another model (other sizes, another
+    weight format) compiled later must not run the first one's graph."""
+    from minillm.compile import compile_decode
+
+    small, _ = tiny_pair(tmp_path / "small")
+    wide, _ = tiny_pair(tmp_path / "wide", hidden_size=96, intermediate_size=160)
+    expected = [generate(model, PROMPTS[0], 6) for model in (small, wide)]
+    compiled = [compile_decode(model, autotune=False) for model in (small, wide)]
+    assert [generate(model, PROMPTS[0], 6) for model in compiled] == expected
