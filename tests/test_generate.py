@@ -186,3 +186,13 @@ def test_models_compiled_in_one_process_keep_their_own_graphs(tmp_path):
     expected = [generate(model, PROMPTS[0], 6) for model in (small, wide)]
     compiled = [compile_decode(model, autotune=False) for model in (small, wide)]
     assert [generate(model, PROMPTS[0], 6) for model in compiled] == expected
+
+
+def test_benchmark_counts_the_tokens_two_runs_share():
+    from minillm.bench import same_prefix_length, same_tokens
+
+    a, b = [[1, 2, 3, 4], [5, 6, 7]], [[1, 2, 9, 4], [5, 6, 7]]
+    assert same_prefix_length(a, b) == 2 and not same_tokens(a, b)
+    assert same_prefix_length(a, a) == 3 and same_tokens(a, a)  # the shortest sequence
+    assert same_prefix_length([[1, 2]], [[1, 2, 3]]) == 2
+    assert same_prefix_length([[8]], [[9]]) == 0
