@@ -80,10 +80,14 @@ def _should_compile(args, model) -> bool:
 
 
 def cmd_generate(args) -> None:
+    from .assets import minillm_home
     from .generate import generate_tokens
     from .sampling import SamplingParams
 
     _check_generate_options(args)
+    # Inductor's compiled steps go to minillm's home; set before anything imports Inductor,
+    # which fixes its cache directory on import (transformers' tokenizer loading does).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(minillm_home() / "inductor"))
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     model, tokenizer = _load(args)
@@ -95,10 +99,8 @@ def cmd_generate(args) -> None:
                          f"use --max-new-tokens {max(room, 0)} or less")
     compiling = _should_compile(args, model)
     if compiling:
-        from .assets import minillm_home
         from .compile import compile_decode
 
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(minillm_home() / "inductor"))
         model = compile_decode(model)
     stream = generate_tokens(model, prompt, args.max_new_tokens, sampling,
                              use_cache=not args.no_cache, window=args.window,
