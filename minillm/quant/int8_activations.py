@@ -19,14 +19,15 @@ symmetric per-channel int8 codes q_o and scale s_o. Then
     y_o ≈ s_x s_o Σ_i (q_x,i − z_x) q_o,i = s_x s_o (Σ_i q_x,i q_o,i − z_x Σ_i q_o,i),
 
 an integer dot product (exact in int32) and one multiply per output. The rounding of x is
-the price: greedy tokens drift from weight-only int8 after a few dozen tokens, and
+the price: greedy tokens drift from weight-only int8 after a dozen or so tokens, and
 perplexity moves by the amount ``benchmarks/quantization.py`` reports for this row.
 
 :class:`Int8ActivationLinear` runs FBGEMM for up to ``MAX_INTEGER_ROWS`` rows (decode steps)
 and the readable reference otherwise (prompts): round x per row as above, then the integer
 sums in float64 (:meth:`Int8ActivationLinear.reference_product`). Both compute the same
-float32 numbers; the tests check the rounding against ``torch.quantize_per_tensor_dynamic``
-and the products against FBGEMM, bit for bit.
+float32 numbers (FBGEMM rounds about one activation in a million, one lying within float
+error of a tie, the other way); the tests check the rounding against
+``torch.quantize_per_tensor_dynamic`` and the products against FBGEMM, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..linear import CompressedLinear
 from .weight_only import WeightOnlyLinear, to_weight_only
 
 # Up to this many rows (batch-8 decode steps), FBGEMM runs once per row, each row with its
-# own activation grid; longer inputs (prompts) take the fp32 reference, where the
+# own activation grid; longer inputs (prompts) take the float64 reference, where the
 # arithmetic, not the weight format, sets the speed.
 MAX_INTEGER_ROWS = 8
 UINT8_MAX = 255
