@@ -72,6 +72,16 @@ def verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
     return accepted, torch.multinomial(residual, 1, generator=generator)[:, 0]
 
 
+def verify_greedy(choices: list[int], draft: list[int]) -> tuple[int, int]:
+    """Greedy verification: drafts survive while each equals the target's own choice after
+    its prefix (``choices[i]``, the argmax after the first i drafts); the next token is the
+    target's choice after the survivors (the correction, or the bonus when all survive).
+    What :func:`verify` gives with one-hot p, without building any distribution."""
+    accepted = next((i for i, (d, c) in enumerate(zip(draft, choices, strict=False)) if d != c),
+                    len(draft))
+    return accepted, choices[accepted]
+
+
 class Proposer(Protocol):
     """A draft: guesses the next ``gamma`` tokens of ``tokens``; returns them and the
     distributions they were drawn from [gamma, vocab]."""
@@ -163,7 +173,9 @@ def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequen
                          ) -> tuple[list[int], SpeculativeStats]:
     """Generate up to ``max_new_tokens`` after ``prompt`` with ``proposer`` drafting ``gamma``
     tokens per target call. Returns the new tokens (as plain sampling from the target would
-    distribute them; greedy: the very same tokens) and the acceptance statistics."""
+    distribute them; greedy: the very same tokens) and the acceptance statistics. Greedy
+    requests are verified by comparing tokens (:func:`verify_greedy`), sampled ones by
+    rejection sampling (:func:`verify`)."""
     if params.repetition_penalty != 1.0:
         raise ValueError("speculative decoding here supports temperature, top-k and top-p; "
                          "a repetition penalty makes p depend on the draft's tokens")
@@ -180,12 +192,17 @@ def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequen
         room = max_new_tokens - len(new)
         drafted, q = proposer.propose(tokens, min(gamma, room - 1)) if room > 1 else ([], None)
         feed = torch.tensor([tokens[-1:] + drafted], device=target.device)
-        p = probabilities(target(feed, cache)[0], params)  # [len(drafted) + 1, vocab]
-        if drafted:
+        logits = target(feed, cache)[0]  # [len(drafted) + 1, vocab]
+        if params.greedy:
+            choices = process_logits(logits, params).argmax(-1).tolist()
+            accepted, extra = verify_greedy(choices, drafted)
+        elif drafted:
+            p = probabilities(logits, params)
             accepted, extra = verify(p[None], q[None].to(p), torch.tensor([drafted]), generator)
             accepted, extra = int(accepted), int(extra)
         else:
-            accepted, extra = 0, int(torch.multinomial(p[-1], 1, generator=generator))
+            p = probabilities(logits[-1], params)
+            accepted, extra = 0, int(torch.multinomial(p, 1, generator=generator))
         cache.rewind(len(drafted) - accepted)  # keep `last` and the accepted drafts
         emitted = drafted[:accepted] + [extra]
         stats.target_calls += 1

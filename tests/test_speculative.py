@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import tiny_pair
 from minillm.generate import generate
@@ -16,6 +17,7 @@ from minillm.speculative import (
     expected_tokens_per_call,
     speculative_generate,
     verify,
+    verify_greedy,
 )
 
 PROMPT = [5, 17, 99, 3, 42, 7, 8, 5, 17, 99]
@@ -99,6 +101,19 @@ def test_rejection_sampling_emits_the_targets_distribution(gamma):
     assert tv(empirical, p) < 0.01
     assert tv(empirical, q) > 5 * tv(empirical, p)
     assert 0 < accepted.float().mean() < gamma  # some drafts are rejected, some kept
+
+
+def test_greedy_verification_is_rejection_sampling_with_one_hot_distributions():
+    g = torch.Generator().manual_seed(2)
+    for gamma in (1, 2, 4):
+        for _ in range(50):
+            choices = torch.randint(0, 3, (gamma + 1,), generator=g)
+            draft = torch.randint(0, 3, (gamma,), generator=g)
+            p, q = F.one_hot(choices, 3).float(), F.one_hot(draft, 3).float()
+            accepted, extra = verify(p[None], q[None], draft[None], g)
+            assert verify_greedy(choices.tolist(), draft.tolist()) == (int(accepted), int(extra))
+    assert verify_greedy([7, 8, 9], [7, 8]) == (2, 9)  # all kept: the bonus token
+    assert verify_greedy([4], []) == (0, 4)  # nothing drafted: one plain step
 
 
 def test_masked_tokens_are_never_emitted():
