@@ -1,5 +1,6 @@
 """int8 weights x int8 activations (W8A8, dynamic): the readable rounding and integer sums
-equal PyTorch's dynamic quantization and FBGEMM's kernel, and SmolLM2 runs on them."""
+equal PyTorch's dynamic quantization and FBGEMM's kernel, minillm's C++ kernel equals the
+readable reference bit for bit, and SmolLM2 runs on it."""
 
 from __future__ import annotations
 
@@ -71,20 +72,45 @@ def int8_layer(out_features=96, in_features=192, bias=True) -> Int8ActivationLin
 
 
 @pytest.mark.filterwarnings("ignore:.*deprecated")
-def test_reference_product_is_fbgemms_bit_for_bit():
+def test_reference_product_is_fbgemms():
+    """PyTorch's own int8 x int8 kernel (FBGEMM) computes the reference's numbers."""
     layer = int8_layer(bias=False)
+    packed = torch.ops.quantized.linear_prepack(torch.quantize_per_channel(
+        layer.dense_weight(), layer.scales.double(), torch.zeros(96, dtype=torch.long), 0,
+        torch.qint8), None)
     for rows in (1, 3, 8):
         x = torch.randn(rows, layer.in_features) * 4
         codes, _, _ = quantize_activations(x)
         assert torch.equal(codes, torch.stack([torch_dynamic(r).int_repr() for r in x]).float())
-        kernel = torch.ops.minillm.int8_linear(x, layer.codes, layer.scales)
-        assert torch.equal(kernel, layer.reference_product(x))
+        fbgemm = torch.cat([torch.ops.quantized.linear_dynamic(r, packed, False)
+                            for r in x.split(1)])
+        assert torch.equal(fbgemm, layer.reference_product(x))
+
+
+@pytest.mark.parametrize("out_features, in_features", [(96, 192), (97, 128), (130, 576)],
+                         ids=["plain loop", "VNNI loop, odd rows", "VNNI loop, SmolLM2 width"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 70])  # 70: three blocks of rows, the last partial
+def test_kernel_is_the_reference_bit_for_bit(out_features, in_features, rows):
+    layer = int8_layer(out_features, in_features, bias=False)
+    x = torch.randn(rows, in_features) * torch.rand(rows, 1) * 8
+    x[0] = 0  # an all-zero row: scale 0.1, zero point 0
+    y = torch.ops.minillm.int8_linear(x, layer.codes, layer.scales, layer.code_sums)
+    assert y.dtype == torch.float32 and y.shape == (rows, out_features)
+    assert torch.equal(y, layer.reference_product(x))
+    assert torch.equal(y[0], torch.zeros(out_features))
+
+
+def test_kernel_refuses_wrong_dtypes():
+    layer = int8_layer()
+    with pytest.raises(RuntimeError, match="float32 x, int8 codes"):
+        torch.ops.minillm.int8_linear(torch.randn(1, 192).double(), layer.codes, layer.scales,
+                                      layer.code_sums)
 
 
 def test_layer_is_close_to_its_float_weights_and_takes_any_shape():
     layer = int8_layer()
     weight = layer.dense_weight().double()
-    for shape in [(1, 1, 192), (2, 4, 192), (1, 30, 192)]:  # kernel, kernel per row, reference
+    for shape in [(1, 1, 192), (2, 4, 192), (1, 30, 192)]:
         x = torch.randn(shape)
         y = layer(x)
         assert y.shape == (*shape[:-1], 96) and y.dtype == torch.float32
@@ -93,7 +119,7 @@ def test_layer_is_close_to_its_float_weights_and_takes_any_shape():
         assert error < 0.01  # 8-bit activations: about 0.4% relative error here
 
 
-def test_bf16_inputs_take_the_reference_path():
+def test_bf16_inputs_give_bf16_outputs():
     layer = int8_layer()
     x = torch.randn(1, 1, 192)
     y = layer(x.bfloat16())
@@ -135,20 +161,16 @@ def test_to_int8_activations_converts_the_model_and_its_tied_head(tmp_path):
 
 @pytest.mark.smollm2
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:.*deprecated")
-def test_smollm2_kernel_path_gives_the_reference_paths_tokens(smollm2, tokenizer, monkeypatch):
-    """FBGEMM (decode steps) vs the float64 reference for every product: same logits within
-    float32 rounding, same first greedy tokens. (Over longer generations a value rounded the
-    other way at a tie can flip a later token: the rule's only divergence.)"""
-    import minillm.quant.int8_activations as w8a8
-
+def test_smollm2_kernel_gives_the_reference_paths_logits_and_tokens(smollm2, tokenizer,
+                                                                     monkeypatch):
+    """The C++ kernel vs the float64 reference for every product of SmolLM2: the same
+    logits, bit for bit, so the same greedy tokens."""
     model = to_int8_activations(compact_embedding(
         quantize_model(copy.deepcopy(smollm2), "rtn", INT8), "int8"))
     prompt = tokenizer.chat_prompt("What is a KV cache?")
     with torch.no_grad():
-        kernel_logits = model(torch.tensor([prompt[-1:]]))
-        kernel_tokens = generate(model, prompt, 8)
-        monkeypatch.setattr(w8a8, "MAX_INTEGER_ROWS", 0)
-        torch.testing.assert_close(kernel_logits, model(torch.tensor([prompt[-1:]])),
-                                   atol=1e-4, rtol=1e-4)
-        assert generate(model, prompt, 8) == kernel_tokens
+        kernel_logits = model(torch.tensor([prompt]))
+        kernel_tokens = generate(model, prompt, 16)
+        monkeypatch.setattr(Int8ActivationLinear, "forward", Int8ActivationLinear.reference_product)
+        assert torch.equal(kernel_logits, model(torch.tensor([prompt])))
+        assert generate(model, prompt, 16) == kernel_tokens

@@ -5,16 +5,16 @@ still multiplies in fp32: every code is converted to a float first, and on a CPU
 cache holds the whole model that conversion, not memory, sets the speed. llama.cpp's Q8_0
 avoids it by rounding the *activation* vector to int8 as well and multiplying int8 by int8
 into int32 with the CPU's integer dot-product instructions (AVX-512 VNNI / AVX2). This
-module does the same with the kernel PyTorch already ships for it, FBGEMM's dynamically
-quantized linear (``torch.ops.quantized.linear_dynamic``).
+module does the same.
 
 Each token's activations x (one row) get their own asymmetric 8-bit grid, chosen from the
 row's range when the token arrives ("dynamic"): with m = min(x, 0) and M = max(x, 0),
 
     s_x = (M − m) / 255,   z_x = round(−m / s_x),   q_x = clamp(round(x / s_x) + z_x, 0, 255)
 
-(:func:`activation_qparams`, :func:`quantize_activations`). A weight row o keeps its
-symmetric per-channel int8 codes q_o and scale s_o. Then
+(:func:`activation_qparams`, :func:`quantize_activations`; the rule of PyTorch's and FBGEMM's
+dynamic quantization). A weight row o keeps its symmetric per-channel int8 codes q_o and
+scale s_o. Then
 
     y_o ≈ s_x s_o Σ_i (q_x,i − z_x) q_o,i = s_x s_o (Σ_i q_x,i q_o,i − z_x Σ_i q_o,i),
 
@@ -22,29 +22,31 @@ an integer dot product (exact in int32) and one multiply per output. The roundin
 the price: greedy tokens drift from weight-only int8 after a dozen or so tokens, and
 perplexity moves by the amount ``benchmarks/quantization.py`` reports for this row.
 
-:class:`Int8ActivationLinear` runs FBGEMM for up to ``MAX_INTEGER_ROWS`` rows (decode steps)
-and the readable reference otherwise (prompts): round x per row as above, then the integer
-sums in float64 (:meth:`Int8ActivationLinear.reference_product`). Both compute the same
-float32 numbers (FBGEMM rounds about one activation in a million, one lying within float
-error of a tie, the other way); the tests check the rounding against
-``torch.quantize_per_tensor_dynamic`` and the products against FBGEMM, bit for bit.
+:class:`Int8ActivationLinear` computes this with a small C++ kernel (``int8_kernel.cpp``,
+built with the machine's compiler on first use and cached by PyTorch), the same arithmetic
+in the same order as the readable reference here
+(:meth:`Int8ActivationLinear.reference_product`: integer sums in float64), so the two agree
+bit for bit. PyTorch ships a kernel for the same product (FBGEMM's
+``quantized::linear_dynamic``); the tests check our rounding and products against it. We do
+not call it in the decode step because each call costs ~13 µs before it reads a weight,
+longer than a whole product of ours (``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
 
-import weakref
+import functools
+from pathlib import Path
 
 import torch
 
 from ..linear import CompressedLinear
 from .weight_only import WeightOnlyLinear, to_weight_only
 
-# Up to this many rows (batch-8 decode steps), FBGEMM runs once per row, each row with its
-# own activation grid; longer inputs (prompts) take the float64 reference, where the
-# arithmetic, not the weight format, sets the speed.
-MAX_INTEGER_ROWS = 8
 UINT8_MAX = 255
 SMALLEST_SCALE = 6.1e-5  # FBGEMM's floor on an activation scale
+KERNEL_SOURCE = Path(__file__).with_name("int8_kernel.cpp")
+# -ffp-contract=off: no fused multiply-add, so x * (1 / s) + z rounds as it does in PyTorch.
+KERNEL_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def activation_qparams(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,52 +66,40 @@ def activation_qparams(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes, scale, zero point) of x on its per-row uint8 grid, so x ≈ scale · (codes − zero).
 
-    In FBGEMM's order: multiply by the float32 reciprocal of the scale, add the zero point,
-    then round half to even. (FBGEMM's vector code rounds about one value in a million the
-    other way, where the product lands within float error of a tie.) Codes are floats.
+    Multiply by the float32 reciprocal of the scale, add the zero point, then round half to
+    even (FBGEMM's order; its vector code rounds about one value in a million the other way,
+    where the product lands within float error of a tie). Codes are floats.
     """
     scale, zero = activation_qparams(x)
     codes = (x.float() * (1 / scale) + zero).round().clamp(0, UINT8_MAX)
     return codes, scale, zero
 
 
-_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
-_PACKED: dict[tuple[int, int], torch.ScriptObject] = {}  # codes' (address, rows) -> packed
-
-
-def _packed_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
-    """FBGEMM's pre-arranged copy of ``codes``, made on first use and dropped with them."""
-    key = (codes.data_ptr(), codes.shape[0])
-    packed = _PACKED.get(key)
-    if packed is None:
-        zeros = torch.zeros(codes.shape[0], dtype=torch.long)
-        weight = torch._make_per_channel_quantized_tensor(codes, scales.double(), zeros, 0)
-        packed = _PACKED[key] = torch.ops.quantized.linear_prepack(weight, None)
-        weakref.finalize(codes, _PACKED.pop, key, None)
-    return packed
-
-
-# One op over plain tensors, so torch.compile can call it from a compiled graph: Dynamo
-# cannot trace FBGEMM's packed-weight object itself, only this op that looks it up.
+# The op's schema and shape function, so torch.compile can put it in a compiled graph; its
+# CPU implementation is registered by the C++ kernel when that is loaded.
 _LIBRARY = torch.library.Library("minillm", "DEF")
-_LIBRARY.define("int8_linear(Tensor x, Tensor codes, Tensor scales) -> Tensor")
-
-
-def _int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    packed = _packed_weight(codes, scales)
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] == 1:
-        return _LINEAR_DYNAMIC(x, packed, False)
-    y = torch.cat([_LINEAR_DYNAMIC(row, packed, False) for row in rows.split(1)])
-    return y.reshape(*x.shape[:-1], codes.shape[0])
-
-
-_LIBRARY.impl("int8_linear", _int8_linear, "CPU")
+_LIBRARY.define("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor code_sums) -> Tensor")
 
 
 @torch.library.register_fake("minillm::int8_linear")
-def _int8_linear_shape(x, codes, scales):
+def _int8_linear_shape(x, codes, scales, code_sums):
     return x.new_empty(*x.shape[:-1], codes.shape[0])
+
+
+@functools.cache
+def load_int8_kernel() -> None:
+    """Build ``int8_kernel.cpp`` (first use: ~20 s; PyTorch caches the library under
+    ``~/.cache/torch_extensions``) and load it, which registers ``minillm::int8_linear``."""
+    from torch.utils.cpp_extension import load
+
+    try:
+        load("minillm_int8_kernel", [str(KERNEL_SOURCE)], extra_cflags=KERNEL_FLAGS,
+             extra_ldflags=["-fopenmp"], is_python_module=False)
+    except (OSError, RuntimeError) as error:
+        raise RuntimeError(
+            "int8 activations need minillm's C++ kernel, which could not be built: "
+            f"{error}. Install a C++ compiler (g++) and ninja, or run the int8 weights "
+            "without --int8-activations.") from error
 
 
 class Int8ActivationLinear(CompressedLinear):
@@ -117,8 +107,11 @@ class Int8ActivationLinear(CompressedLinear):
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(codes.shape[1], codes.shape[0], bias)
+        load_int8_kernel()
         self.register_buffer("codes", codes)  # int8 [out, in]
         self.register_buffer("scales", scales.float().reshape(-1))  # fp32 [out]
+        # Σ_i q_o,i per row, for the zero-point term of the module docstring's equation.
+        self.register_buffer("code_sums", codes.sum(1, dtype=torch.int32), persistent=False)
 
     @classmethod
     def supports(cls, layer: torch.nn.Module) -> bool:
@@ -138,16 +131,13 @@ class Int8ActivationLinear(CompressedLinear):
         return self.codes.float() * self.scales[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if rows > MAX_INTEGER_ROWS or x.dtype != torch.float32:
-            y = self.reference_product(x)
-        else:
-            y = torch.ops.minillm.int8_linear(x, self.codes, self.scales)
+        y = torch.ops.minillm.int8_linear(x.float(), self.codes, self.scales, self.code_sums)
+        y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def reference_product(self, x: torch.Tensor) -> torch.Tensor:
         """x W^T the readable way: the integer sums Σ_i (q_x,i − z_x) q_o,i, exact in float64,
-        then times s_x · s_o in float32, in FBGEMM's order (so the two agree bit for bit)."""
+        then times s_x · s_o in float32, in the kernel's order (so the two agree bit for bit)."""
         codes, scale, zero = quantize_activations(x)
         sums = (codes - zero).double() @ self.codes.double().T
         return (sums.float() * (scale * self.scales)).to(x.dtype)
