@@ -22,6 +22,7 @@ from minillm.bench import DecodeRow, run_decode_benchmark
 PEER_OF = {"minillm fp32, compile_decode": "F32",
            "minillm int8, weight-only, compiled": "Q8_0",
            "minillm int8, int8 activations (W8A8), compiled": "Q8_0",
+           "minillm int8, int8 activations (W8A8), native decode": "Q8_0",
            "minillm int4, weight-only, compiled": "Q4_1"}
 
 

@@ -184,6 +184,14 @@ def int8_activation_model(reference: Transformer) -> Transformer:
     return compile_decode(to_int8_activations(copy.deepcopy(reference)))
 
 
+def native_int8_model(reference: Transformer) -> Transformer:
+    """The int8 reference's weights with int8 activations, every block of a step in C++."""
+    from .native_decode import native_decode
+    from .quant.int8_activations import to_int8_activations
+
+    return native_decode(to_int8_activations(copy.deepcopy(reference)))
+
+
 def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
                 compiled: bool = True, quantized: bool = True) -> list[DecodeRow]:
     """Every minillm row (and Hugging Face's) for one batch size, same prompts."""
@@ -212,6 +220,10 @@ def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
             rows.append(bench_minillm("minillm int8, int8 activations (W8A8), compiled",
                                       int8_activation_model(reference), prompts, new_tokens,
                                       pad, reference=name))
+        if precision == "int8" and batch == 1:  # native steps serve batch 1 only
+            rows.append(bench_minillm("minillm int8, int8 activations (W8A8), native decode",
+                                      native_int8_model(reference), prompts, new_tokens, pad,
+                                      reference=name))
     return rows
 
 

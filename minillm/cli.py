@@ -79,6 +79,19 @@ def _should_compile(args, model) -> bool:
     return any(isinstance(m, CompressedLinear) for m in model.modules())
 
 
+def _can_decode_natively(args, model) -> bool:
+    """Whether every block runs int8 x int8, so decode steps can run in C++ (native_decode)."""
+    from .native_decode import check_native_decode
+
+    if args.no_cache or args.window is not None or args.compile:
+        return False
+    try:
+        check_native_decode(model)
+    except ValueError:
+        return False  # some layers stay in another format: the compiled step serves them
+    return True
+
+
 def cmd_generate(args) -> None:
     from .assets import minillm_home
     from .generate import generate_tokens
@@ -97,8 +110,13 @@ def cmd_generate(args) -> None:
         raise ValueError(f"the prompt takes {len(prompt)} of the model's "
                          f"{model.config.max_position_embeddings} tokens of context; "
                          f"use --max-new-tokens {max(room, 0)} or less")
-    compiling = _should_compile(args, model)
-    if compiling:
+    native = args.int8_activations and _can_decode_natively(args, model)
+    compiling = not native and _should_compile(args, model)
+    if native:
+        from .native_decode import native_decode
+
+        model = native_decode(model)
+    elif compiling:
         from .compile import compile_decode
 
         model = compile_decode(model)
@@ -240,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "whose fast path it is; the first compile takes a minute or two)")
     gen.add_argument("--int8-activations", action="store_true",
                      help="with per-channel int8 weights: round activations to int8 too and "
-                          "multiply in integers (FBGEMM; faster, slightly less accurate)")
+                          "multiply in integers; decode steps run in C++ (minillm's kernels, "
+                          "built on first use; fastest, slightly less accurate)")
     gen.set_defaults(func=cmd_generate)
 
     ppl = sub.add_parser("perplexity", help="perplexity on a fixed corpus split")

@@ -133,15 +133,20 @@ def test_int8_activations_need_int8_weights(capsys, tmp_path, tokenizer):
 
 
 @pytest.mark.slow
-def test_generate_with_int8_activations_runs_the_w8a8_layers(capsys, tmp_path, tokenizer):
+def test_generate_with_int8_activations_decodes_natively(capsys, tmp_path, tokenizer):
+    """--int8-activations: W8A8 layers, decode steps in C++ (nothing compiled), the tokens
+    of the Python model."""
     from minillm.checkpoint import load_model
     from minillm.generate import generate
+    from minillm.kv_cache import StaticKVCache
     from minillm.quant.int8_activations import to_int8_activations
 
     out = int8_checkpoint(capsys, tmp_path, tokenizer)
-    code, text, _ = run_cli(capsys, "generate", "Hello", "--model", str(out),
-                            "--max-new-tokens", "6", "--int8-activations", "--no-compile")
-    expected = generate(to_int8_activations(load_model(out)), tokenizer.encode("Hello"), 6,
-                        stop_tokens=tokenizer.stop_tokens)[0]
+    code, text, err = run_cli(capsys, "generate", "Hello", "--model", str(out),
+                              "--max-new-tokens", "6", "--int8-activations")
+    model = to_int8_activations(load_model(out))
+    model.cache_class = StaticKVCache
+    expected = generate(model, tokenizer.encode("Hello"), 6, stop_tokens=tokenizer.stop_tokens)[0]
     expected = [t for t in expected if t not in tokenizer.stop_tokens]
     assert code == 0 and text == "Hello" + tokenizer.decode(expected) + "\n"
+    assert "compiled" not in err

@@ -22,8 +22,8 @@ an integer dot product (exact in int32) and one multiply per output. The roundin
 the price: greedy tokens drift from weight-only int8 after a dozen or so tokens, and
 perplexity moves by the amount ``benchmarks/quantization.py`` reports for this row.
 
-:class:`Int8ActivationLinear` computes this with a small C++ kernel (``int8_kernel.cpp``,
-built with the machine's compiler on first use and cached by PyTorch), the same arithmetic
+:class:`Int8ActivationLinear` computes this with a small C++ kernel (``csrc/int8_product.h``,
+built with the machine's compiler on first use: :mod:`minillm.native`), the same arithmetic
 in the same order as the readable reference here
 (:meth:`Int8ActivationLinear.reference_product`: integer sums in float64), so the two agree
 bit for bit. PyTorch ships a kernel for the same product (FBGEMM's
@@ -34,19 +34,14 @@ longer than a whole product of ours (``docs/benchmarks.md``).
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 
 from ..linear import CompressedLinear
+from ..native import native_kernels
 from .weight_only import WeightOnlyLinear, to_weight_only
 
 UINT8_MAX = 255
 SMALLEST_SCALE = 6.1e-5  # FBGEMM's floor on an activation scale
-KERNEL_SOURCE = Path(__file__).with_name("int8_kernel.cpp")
-# -ffp-contract=off: no fused multiply-add, so x * (1 / s) + z rounds as it does in PyTorch.
-KERNEL_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def activation_qparams(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,39 +70,12 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return codes, scale, zero
 
 
-# The op's schema and shape function, so torch.compile can put it in a compiled graph; its
-# CPU implementation is registered by the C++ kernel when that is loaded.
-_LIBRARY = torch.library.Library("minillm", "DEF")
-_LIBRARY.define("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor code_sums) -> Tensor")
-
-
-@torch.library.register_fake("minillm::int8_linear")
-def _int8_linear_shape(x, codes, scales, code_sums):
-    return x.new_empty(*x.shape[:-1], codes.shape[0])
-
-
-@functools.cache
-def load_int8_kernel() -> None:
-    """Build ``int8_kernel.cpp`` (first use: ~20 s; PyTorch caches the library under
-    ``~/.cache/torch_extensions``) and load it, which registers ``minillm::int8_linear``."""
-    from torch.utils.cpp_extension import load
-
-    try:
-        load("minillm_int8_kernel", [str(KERNEL_SOURCE)], extra_cflags=KERNEL_FLAGS,
-             extra_ldflags=["-fopenmp"], is_python_module=False)
-    except (OSError, RuntimeError) as error:
-        raise RuntimeError(
-            "int8 activations need minillm's C++ kernel, which could not be built: "
-            f"{error}. Install a C++ compiler (g++) and ninja, or run the int8 weights "
-            "without --int8-activations.") from error
-
-
 class Int8ActivationLinear(CompressedLinear):
     """Per-channel int8 weights; each input row rounded to int8 on the fly (module docstring)."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(codes.shape[1], codes.shape[0], bias)
-        load_int8_kernel()
+        native_kernels()  # minillm::int8_linear
         self.register_buffer("codes", codes)  # int8 [out, in]
         self.register_buffer("scales", scales.float().reshape(-1))  # fp32 [out]
         # Σ_i q_o,i per row, for the zero-point term of the module docstring's equation.

@@ -2,22 +2,19 @@
 //
 // The arithmetic is the one written out in Python in minillm/quant/int8_activations.py
 // (activation_qparams, quantize_activations, Int8ActivationLinear.reference_product), in
-// the same order, so the two agree bit for bit (compile with -ffp-contract=off: a fused
+// the same order, so the two agree bit for bit (compiled with -ffp-contract=off: a fused
 // multiply-add would round x / s + z once instead of twice). Per row of x:
 //
 //   s_x = (max(x, 0) - min(x, 0)) / 255,  z_x = round(-min(x, 0) / s_x)      (float64)
 //   q_x = clamp(round(x * (1 / s_x) + z_x), 0, 255)                           (uint8)
 //   y_o = float(sum_i q_x,i q_o,i - z_x sum_i q_o,i) * (s_x * s_o)           (int32 sums)
 //
-// Why a kernel of our own rather than FBGEMM's quantized::linear_dynamic (which computes
-// the same numbers): a decode step is 121 products of one row, and FBGEMM spends ~13 us per
-// call before it reads a weight, which is longer than reading the weight here. This loop
-// streams each weight row once, four rows at a time, with AVX-512 VNNI's dot-product
-// instruction (64 byte pairs per instruction) when the CPU has it, and a plain loop the
-// compiler vectorizes otherwise. Rows of x are taken in blocks, so a long prompt reuses
-// each weight row from the cache for a whole block.
+// The loop streams each weight row once, four rows at a time, with AVX-512 VNNI's
+// dot-product instruction (64 byte pairs per instruction) when the CPU has it, and a plain
+// loop the compiler vectorizes otherwise. Rows of x are taken in blocks, so a long prompt
+// reuses each weight row from the cache for a whole block.
+#pragma once
 
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -30,20 +27,20 @@
 #define MINILLM_VNNI 1
 #endif
 
-namespace {
+namespace minillm {
 
 constexpr int64_t kRowsPerBlock = 32;  // rows of x sharing one pass over the weights
 constexpr float kSmallestScale = 6.1e-5f;
 
 // sum_i a_i b_i, exact in int32 (|sum| <= n * 255 * 128: fine for n < 65,000).
-int32_t dot(const uint8_t* a, const int8_t* b, int64_t n) {
+inline int32_t dot(const uint8_t* a, const int8_t* b, int64_t n) {
   int32_t sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += int32_t(a[i]) * int32_t(b[i]);
   return sum;
 }
 
 // The dot products of a with four consecutive weight rows b, b + n, b + 2n, b + 3n.
-void dot4(const uint8_t* a, const int8_t* b, int64_t n, int32_t* sums) {
+inline void dot4(const uint8_t* a, const int8_t* b, int64_t n, int32_t* sums) {
 #ifdef MINILLM_VNNI
   if (n % 64 == 0) {
     __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
@@ -65,7 +62,8 @@ void dot4(const uint8_t* a, const int8_t* b, int64_t n, int32_t* sums) {
 }
 
 // One row's uint8 grid and codes (activation_qparams and quantize_activations in Python).
-void quantize_row(const float* x, int64_t n, uint8_t* codes, float* scale, int32_t* zero) {
+inline void quantize_row(const float* x, int64_t n, uint8_t* codes, float* scale,
+                         int32_t* zero) {
   float low = 0.f, high = 0.f;
   for (int64_t i = 0; i < n; ++i) {
     low = std::min(low, x[i]);
@@ -81,37 +79,26 @@ void quantize_row(const float* x, int64_t n, uint8_t* codes, float* scale, int32
   *zero = int32_t(zero_point);
 }
 
-}  // namespace
+// An int8 weight matrix: codes [out, in], a scale per row, and sum_i q_o,i per row.
+struct Int8Weights {
+  const int8_t* codes;
+  const float* scales;
+  const int32_t* code_sums;
+  int64_t out, in;
+};
 
-// x [..., in] float32, codes [out, in] int8, scales [out] float32, code_sums [out] int32
-// (sum_i q_o,i, kept by the layer) -> [..., out] float32.
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes,
-                          const torch::Tensor& scales, const torch::Tensor& code_sums) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && codes.scalar_type() == torch::kChar &&
-              scales.scalar_type() == torch::kFloat && code_sums.scalar_type() == torch::kInt,
-              "int8_linear takes float32 x, int8 codes, float32 scales and int32 code sums");
-  const int64_t in = codes.size(1), out = codes.size(0);
-  TORCH_CHECK(x.size(-1) == in, "x has ", x.size(-1), " features, the weights ", in);
-  const torch::Tensor rows_of_x = x.reshape({-1, in}).contiguous();
-  const torch::Tensor weights = codes.contiguous();
-  const int64_t rows = rows_of_x.size(0);
-
+// y [rows, out] = x [rows, in] W^T, x rounded per row as above.
+inline void int8_product(const float* x, int64_t rows, const Int8Weights& w, float* y) {
+  const int64_t in = w.in, out = w.out;
   std::vector<uint8_t> x_codes(rows * in);
   std::vector<float> x_scales(rows);
   std::vector<int32_t> x_zeros(rows);
-  const float* x_data = rows_of_x.data_ptr<float>();
   at::parallel_for(0, rows, kRowsPerBlock, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      quantize_row(x_data + r * in, in, &x_codes[r * in], &x_scales[r], &x_zeros[r]);
+      quantize_row(x + r * in, in, &x_codes[r * in], &x_scales[r], &x_zeros[r]);
   });
-
-  torch::Tensor y = torch::empty({rows, out}, x.options());
-  const int8_t* w = weights.data_ptr<int8_t>();
-  const float* w_scales = scales.data_ptr<float>();
-  const int32_t* w_sums = code_sums.data_ptr<int32_t>();
-  float* y_data = y.data_ptr<float>();
   auto finish = [&](int64_t r, int64_t o, int32_t sum) {  // the zero point, then the scales
-    y_data[r * out + o] = float(sum - x_zeros[r] * w_sums[o]) * (x_scales[r] * w_scales[o]);
+    y[r * out + o] = float(sum - x_zeros[r] * w.code_sums[o]) * (x_scales[r] * w.scales[o]);
   };
   // Each thread takes a range of output rows (weight rows) and streams it once per block.
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
@@ -121,19 +108,14 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes,
       int64_t o = begin;
       for (; o + 4 <= end; o += 4)
         for (int64_t r = first_row; r < last_row; ++r) {
-          dot4(&x_codes[r * in], w + o * in, in, sums);
+          dot4(&x_codes[r * in], w.codes + o * in, in, sums);
           for (int k = 0; k < 4; ++k) finish(r, o + k, sums[k]);
         }
       for (; o < end; ++o)
         for (int64_t r = first_row; r < last_row; ++r)
-          finish(r, o, dot(&x_codes[r * in], w + o * in, in));
+          finish(r, o, dot(&x_codes[r * in], w.codes + o * in, in));
     }
   });
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = out;
-  return y.view(shape);
 }
 
-// The op's schema is defined in Python (minillm/quant/int8_activations.py), with its shape
-// function for torch.compile; this file provides the CPU implementation.
-TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("int8_linear", &int8_linear); }
+}  // namespace minillm
