@@ -23,7 +23,8 @@ PEER_OF = {"minillm fp32, compile_decode": "F32",
            "minillm int8, weight-only, compiled": "Q8_0",
            "minillm int8, int8 activations (W8A8), compiled": "Q8_0",
            "minillm int8, int8 activations (W8A8), native decode": "Q8_0",
-           "minillm int4, weight-only, compiled": "Q4_1"}
+           "minillm int4, weight-only, compiled": "Q4_1",
+           "minillm int4, int8 activations (W4A8), native decode": "Q4_1"}
 
 
 def llama_cpp_peers(threads: int, new_tokens: int):

@@ -48,6 +48,8 @@ BENCH_QUESTIONS = [
 QUANTIZED = {"int8": QuantScheme(8, symmetric=True, group_size=None),
              "int4": QuantScheme(4, symmetric=False, group_size=32, float_zero=True)}
 
+NATIVE_FORMAT = {"int8": "W8A8", "int4": "W4A8"}
+
 
 @dataclass
 class DecodeRow:
@@ -185,7 +187,8 @@ def int8_activation_model(reference: Transformer) -> Transformer:
 
 
 def native_int8_model(reference: Transformer) -> Transformer:
-    """The int8 reference's weights with int8 activations, every block of a step in C++."""
+    """The reference's int8 (or int4) weights with int8 activations, every block of a step
+    in C++."""
     from .native_decode import native_decode
     from .quant.int8_activations import to_int8_activations
 
@@ -220,8 +223,9 @@ def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
             rows.append(bench_minillm("minillm int8, int8 activations (W8A8), compiled",
                                       int8_activation_model(reference), prompts, new_tokens,
                                       pad, reference=name))
-        if precision == "int8" and batch == 1:  # native steps serve batch 1 only
-            rows.append(bench_minillm("minillm int8, int8 activations (W8A8), native decode",
+        if batch == 1:  # native steps serve batch 1 only
+            rows.append(bench_minillm(f"minillm {precision}, int8 activations "
+                                      f"({NATIVE_FORMAT[precision]}), native decode",
                                       native_int8_model(reference), prompts, new_tokens, pad,
                                       reference=name))
     return rows

@@ -46,14 +46,16 @@ def _load(args):
 
 
 def _use_int8_activations(model, source: str) -> None:
-    """--int8-activations: run every per-channel int8 linear on int8 activations (W8A8)."""
+    """--int8-activations: run every per-channel int8 linear on int8 activations (W8A8), and
+    every grouped int4 one (W4A8)."""
     from .quant.int8_activations import Int8ActivationLinear, to_int8_activations
+    from .quant.w4a8 import W4A8Linear
 
     to_int8_activations(model)
-    if not any(isinstance(m, Int8ActivationLinear) for m in model.modules()):
-        raise ValueError(f"--int8-activations needs per-channel int8 weights, and {source} has "
-                         "none; make them with: minillm quantize OUT --method rtn --bits 8 "
-                         "--group-size 0 --symmetric --embedding int8")
+    if not any(isinstance(m, (Int8ActivationLinear, W4A8Linear)) for m in model.modules()):
+        raise ValueError(f"--int8-activations needs per-channel int8 weights (or grouped int4), "
+                         f"and {source} has none; make them with: minillm quantize OUT "
+                         "--method rtn --bits 8 --group-size 0 --symmetric --embedding int8")
 
 
 def _check_generate_options(args) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from .model import MLP, Attention
 from .quant.int8_activations import Int8ActivationLinear
+from .quant.w4a8 import W4A8Linear
 from .quant.weight_only import WeightOnlyLinear
 
 
@@ -39,9 +40,9 @@ def concat_outputs(layers: list[nn.Module]) -> nn.Module:
         names = [type(layer).__name__ for layer in layers]
         raise TypeError(f"cannot fuse layers of different formats: {names}")
     if type(first) is not nn.Linear and not isinstance(first, (WeightOnlyLinear,
-                                                                Int8ActivationLinear)):
+                                                                Int8ActivationLinear, W4A8Linear)):
         raise TypeError(f"cannot fuse {type(first).__name__} layers (fusing supports nn.Linear, "
-                        "WeightOnlyLinear and Int8ActivationLinear)")
+                        "WeightOnlyLinear, Int8ActivationLinear and W4A8Linear)")
     bias = _stacked([layer.bias for layer in layers])
     if type(first) is nn.Linear:
         weight = torch.cat([layer.weight for layer in layers])
@@ -53,6 +54,9 @@ def concat_outputs(layers: list[nn.Module]) -> nn.Module:
         return WeightOnlyLinear(torch.cat([layer.codes for layer in layers]),
                                 torch.cat([layer.scales for layer in layers]),
                                 _stacked([layer.zeros for layer in layers]), first.bits, bias)
+    if isinstance(first, W4A8Linear):
+        return W4A8Linear(*(torch.cat([getattr(layer, name) for layer in layers])
+                            for name in ("codes", "scales", "zeros")), bias)
     return Int8ActivationLinear(torch.cat([layer.codes for layer in layers]),
                                 torch.cat([layer.scales for layer in layers]), bias)
 

@@ -1,10 +1,14 @@
 """minillm's C++ kernels for the CPU (``minillm/csrc``), built on first use.
 
-Two pieces, both measured against what PyTorch offers (``docs/benchmarks.md``):
+Three pieces, measured against what PyTorch offers (``docs/benchmarks.md``):
 
 * ``minillm::int8_linear`` (``int8_linear.cpp``, ``int8_product.h``): int8 weights times
   activations rounded to uint8 per row, the product of :mod:`minillm.quant.int8_activations`.
-  A torch op, so a ``torch.compile`` graph can call it; its shape function is below.
+* ``minillm::w4a8_linear`` (``w4a8_linear.cpp``, ``int4_product.h``): int4 weights in
+  groups times activations rounded to int8 per row (:mod:`minillm.quant.w4a8`).
+
+  Both are torch ops, so a ``torch.compile`` graph can call them; their shape functions
+  are below.
 * ``DecodeLayers`` (``decode_layers.cpp``): a whole one-token step through every block, for
   :mod:`minillm.native_decode`.
 
@@ -21,6 +25,7 @@ from pathlib import Path
 import torch
 
 SOURCES = Path(__file__).with_name("csrc")
+SOURCE_FILES = ["int8_linear.cpp", "w4a8_linear.cpp", "decode_layers.cpp"]
 # -ffp-contract=off: no fused multiply-adds, so x * (1 / s) + z rounds as it does in PyTorch.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
@@ -28,10 +33,16 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # CPU implementation is registered when the C++ library is loaded.
 _LIBRARY = torch.library.Library("minillm", "DEF")
 _LIBRARY.define("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor code_sums) -> Tensor")
+_LIBRARY.define("w4a8_linear(Tensor x, Tensor codes, Tensor scales, Tensor zeros) -> Tensor")
 
 
 @torch.library.register_fake("minillm::int8_linear")
 def _int8_linear_shape(x, codes, scales, code_sums):
+    return x.new_empty(*x.shape[:-1], codes.shape[0])
+
+
+@torch.library.register_fake("minillm::w4a8_linear")
+def _w4a8_linear_shape(x, codes, scales, zeros):
     return x.new_empty(*x.shape[:-1], codes.shape[0])
 
 
@@ -41,8 +52,7 @@ def native_kernels():
     from torch.utils.cpp_extension import load
 
     try:
-        return load("minillm_native", [str(SOURCES / "int8_linear.cpp"),
-                                       str(SOURCES / "decode_layers.cpp")],
+        return load("minillm_native", [str(SOURCES / name) for name in SOURCE_FILES],
                     extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError) as error:
         raise RuntimeError(

@@ -1,11 +1,12 @@
-"""Native decoding: every block of a one-token step in one C++ call (int8 x int8 weights).
+"""Native decoding: every block of a one-token step in one C++ call (W8A8 or W4A8 weights).
 
 :func:`~minillm.compile.compile_decode` turns the step into a graph of ~330 kernels and
 ops. On a 2-core CPU each costs a few microseconds to launch, and together they take about
 3 ms of an 8 ms int8 step, while the products themselves stream SmolLM2's 135 MB of int8
 weights in about 5 ms. llama.cpp avoids that overhead by running the whole step in C++.
 :func:`native_decode` does the same for models whose linear layers are
-:class:`~minillm.quant.int8_activations.Int8ActivationLinear`: the blocks run in
+:class:`~minillm.quant.int8_activations.Int8ActivationLinear` or
+:class:`~minillm.quant.w4a8.W4A8Linear` (``to_int8_activations``): the blocks run in
 ``csrc/decode_layers.cpp`` (the same math as :class:`~minillm.model.Block`, written as
 loops), the embedding, final norm and LM head stay in Python.
 
@@ -25,6 +26,7 @@ from .kv_cache import StaticKVCache
 from .model import Transformer
 from .native import native_kernels
 from .quant.int8_activations import Int8ActivationLinear
+from .quant.w4a8 import W4A8Linear
 
 
 def _projections(block) -> list:
@@ -46,7 +48,8 @@ def _block_tensors(block) -> list[torch.Tensor]:
     for index, layer in enumerate(_projections(block)):
         if index == 2:
             tensors.append(block.mlp_norm.weight.detach())
-        tensors += [layer.codes.contiguous(), layer.scales, layer.code_sums]
+        third = layer.code_sums if isinstance(layer, Int8ActivationLinear) else layer.zeros
+        tensors += [layer.codes.contiguous(), layer.scales.contiguous(), third.contiguous()]
     return tensors
 
 
@@ -56,12 +59,12 @@ def check_native_decode(model: Transformer) -> None:
         raise ValueError(f"native decoding runs float32 activations, not {model.dtype}")
     for index, block in enumerate(model.layers):
         for layer in _linears(block):
-            if not isinstance(layer, Int8ActivationLinear) or layer.bias is not None:
+            if not isinstance(layer, (Int8ActivationLinear, W4A8Linear)) or \
+                    layer.bias is not None:
                 raise ValueError(
-                    f"native decoding needs int8 x int8 linear layers without bias; block "
-                    f"{index} has {type(layer).__name__}. Quantize to per-channel int8 "
-                    "(minillm quantize --bits 8 --group-size 0 --symmetric) and call "
-                    "to_int8_activations first.")
+                    f"native decoding needs int8 activations (W8A8 or W4A8 linear layers, "
+                    f"without bias); block {index} has {type(layer).__name__}. Quantize to "
+                    "per-channel int8 or grouped int4 and call to_int8_activations first.")
 
 
 def native_decode(model: Transformer) -> Transformer:

@@ -17,12 +17,14 @@ from minillm.quant.embedding import compact_embedding
 from minillm.quant.int8_activations import to_int8_activations
 
 INT8 = QuantScheme(8, symmetric=True, group_size=None)
+Q4_1 = QuantScheme(4, symmetric=False, group_size=32, float_zero=True)
 
 
-def w8a8(model):
-    """Per-channel int8 weights and embedding, int8 activations, decoding over a static cache
-    (as the native model does, so both attend over the same slots)."""
-    model = to_int8_activations(compact_embedding(quantize_model(model, "rtn", INT8), "int8"))
+def w8a8(model, scheme=INT8):
+    """Per-channel int8 weights (or ``scheme``'s) and an int8 embedding, int8 activations,
+    decoding over a static cache (as the native model does, so both attend over the same
+    slots)."""
+    model = to_int8_activations(compact_embedding(quantize_model(model, "rtn", scheme), "int8"))
     model.cache_class = StaticKVCache
     return model
 
@@ -36,11 +38,12 @@ def teacher_forced_logits(model, prompt, continuation, slots=64):
     return torch.cat(logits), cache
 
 
+@pytest.mark.parametrize("scheme", [INT8, Q4_1], ids=["W8A8", "W4A8"])
 @pytest.mark.parametrize("overrides", [{}, {"hidden_size": 96, "intermediate_size": 160,
                                             "num_heads": 6, "num_kv_heads": 3}],
                          ids=["VNNI widths, GQA 4:2", "plain-loop widths, GQA 6:3"])
-def test_every_step_matches_the_python_model(tmp_path, overrides):
-    model = w8a8(tiny_pair(tmp_path, tie_word_embeddings=True, **overrides)[0])
+def test_every_step_matches_the_python_model(tmp_path, overrides, scheme):
+    model = w8a8(tiny_pair(tmp_path, tie_word_embeddings=True, **overrides)[0], scheme)
     native = native_decode(copy.deepcopy(model))
     prompt, continuation = [3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 3
     expected, expected_cache = teacher_forced_logits(model, prompt, continuation)
@@ -52,8 +55,9 @@ def test_every_step_matches_the_python_model(tmp_path, overrides):
     assert int(cache.next_step) == len(prompt) + len(continuation)
 
 
-def test_greedy_tokens_equal_the_python_models(tmp_path):
-    model = w8a8(tiny_pair(tmp_path, tie_word_embeddings=True)[0])
+@pytest.mark.parametrize("scheme", [INT8, Q4_1], ids=["W8A8", "W4A8"])
+def test_greedy_tokens_equal_the_python_models(tmp_path, scheme):
+    model = w8a8(tiny_pair(tmp_path, tie_word_embeddings=True)[0], scheme)
     native = native_decode(copy.deepcopy(model))
     prompt = [7, 100, 42, 3]
     with torch.no_grad():
@@ -87,7 +91,8 @@ def test_models_without_int8_activations_are_refused_with_what_to_do(tmp_path):
 
 @pytest.mark.smollm2
 @pytest.mark.slow
-def test_smollm2_native_decoding_follows_the_python_model(smollm2, tokenizer):
+@pytest.mark.parametrize("scheme", [INT8, Q4_1], ids=["W8A8", "W4A8"])
+def test_smollm2_native_decoding_follows_the_python_model(smollm2, tokenizer, scheme):
     """Teacher-forced on the Python model's own 32 greedy tokens, the native step picks the
     same token at (nearly) every step; free-running, the first 16 tokens are the same.
 
@@ -96,7 +101,7 @@ def test_smollm2_native_decoding_follows_the_python_model(smollm2, tokenizer):
     With ~10^5 roundings per step that happens at most steps after the first (measured:
     median relative error of a step's logits 5.5% native vs eager, 6.0% compiled vs eager;
     first step 2e-7). The tiny-model tests above check the arithmetic to 1e-4."""
-    model = w8a8(copy.deepcopy(smollm2))
+    model = w8a8(copy.deepcopy(smollm2), scheme)
     native = native_decode(copy.deepcopy(model))
     prompt = tokenizer.chat_prompt("What is a KV cache?")
     with torch.no_grad():

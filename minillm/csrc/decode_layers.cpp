@@ -1,7 +1,8 @@
 // One decode step through every transformer block in one C++ call (minillm/native_decode.py).
 //
 // The same computation as minillm/model.py's Block.forward for one token at batch 1, with
-// int8 x int8 products (int8_product.h), written as plain loops:
+// int8 x int8 (int8_product.h) or int4 x int8 (int4_product.h) products, written as plain
+// loops:
 //
 //   h = x + o(attention(rope(q), rope(k), v))      q, k, v = qkv(rms_norm(x))
 //   x = h + down(silu(gate) * up)                  gate, up = gate_up(rms_norm(h))
@@ -17,14 +18,40 @@
 #include <cmath>
 #include <vector>
 
+#include "int4_product.h"
 #include "int8_product.h"
 
 namespace minillm {
 
 Int8Weights int8_weights(const torch::Tensor& codes, const torch::Tensor& scales,
                          const torch::Tensor& code_sums);  // int8_linear.cpp
+Int4Weights int4_weights(const torch::Tensor& codes, const torch::Tensor& scales,
+                         const torch::Tensor& zeros);  // w4a8_linear.cpp
 
 namespace {
+
+// One product of a block: int8 weights (int8 codes) or int4 weights (uint8 packed codes).
+struct Product {
+  bool is_int4;
+  Int8Weights int8;
+  Int4Weights int4;
+  int64_t out, in;
+
+  static Product from(const torch::Tensor& codes, const torch::Tensor& scales,
+                      const torch::Tensor& third) {
+    if (codes.scalar_type() == torch::kByte) {
+      const Int4Weights w = int4_weights(codes, scales, third);
+      return {true, {}, w, w.out, w.in};
+    }
+    const Int8Weights w = int8_weights(codes, scales, third);
+    return {false, w, {}, w.out, w.in};
+  }
+
+  void operator()(const float* x, float* y) const {
+    if (is_int4) int4_product(x, 1, int4, y);
+    else int8_product(x, 1, int8, y);
+  }
+};
 
 // x / rms(x) * weight (RMSNorm), in PyTorch's order of operations.
 void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -72,16 +99,17 @@ float silu(float x) { return x / (1.f + std::exp(-x)); }
 // The weights of every block, held for the life of the model.
 class DecodeLayers {
  public:
-  // Per block, 14 tensors: attn_norm; qkv codes, scales, code sums; o (3); mlp_norm;
-  // gate_up (3); down (3). The projections are fused (minillm/fused_projections.py).
+  // Per block, 14 tensors: attn_norm; qkv codes, scales, code sums (int8) or zero points
+  // (int4); o (3); mlp_norm; gate_up (3); down (3). The projections are fused
+  // (minillm/fused_projections.py).
   DecodeLayers(std::vector<std::vector<torch::Tensor>> blocks, double eps, int64_t heads,
                int64_t kv_heads, int64_t head_dim)
       : blocks_(std::move(blocks)), eps_(float(eps)), heads_(heads), kv_heads_(kv_heads),
         head_dim_(head_dim) {
     for (const auto& b : blocks_) {
       TORCH_CHECK(b.size() == 14, "each block takes 14 tensors, got ", b.size());
-      weights_.push_back({int8_weights(b[1], b[2], b[3]), int8_weights(b[4], b[5], b[6]),
-                          int8_weights(b[8], b[9], b[10]), int8_weights(b[11], b[12], b[13])});
+      weights_.push_back({Product::from(b[1], b[2], b[3]), Product::from(b[4], b[5], b[6]),
+                          Product::from(b[8], b[9], b[10]), Product::from(b[11], b[12], b[13])});
     }
   }
 
@@ -109,7 +137,7 @@ class DecodeLayers {
       float* cached_values = values[l].data_ptr<float>();
       // Attention: project, rotate, append K and V to the cache, attend, project back.
       rms_norm(h, blocks_[l][0].data_ptr<float>(), hidden, eps_, normed.data());
-      int8_product(normed.data(), 1, w[0], qkv.data());
+      w[0](normed.data(), qkv.data());
       float *q = qkv.data(), *k = q + q_size, *v = k + kv_size;
       for (int64_t head = 0; head < heads_; ++head)
         rope(q + head * head_dim_, cos_data, sin_data, head_dim_);
@@ -128,22 +156,22 @@ class DecodeLayers {
                  &scores[head * (position + 1)], &attended[head * head_dim_]);
         }
       });
-      int8_product(attended.data(), 1, w[1], added.data());
+      w[1](attended.data(), added.data());
       for (int64_t i = 0; i < hidden; ++i) h[i] += added[i];
       // MLP: SwiGLU.
       rms_norm(h, blocks_[l][7].data_ptr<float>(), hidden, eps_, normed.data());
-      int8_product(normed.data(), 1, w[2], gate_up.data());
+      w[2](normed.data(), gate_up.data());
       const int64_t inner = w[3].in;
       for (int64_t i = 0; i < inner; ++i)
         activated[i] = silu(gate_up[i]) * gate_up[inner + i];
-      int8_product(activated.data(), 1, w[3], added.data());
+      w[3](activated.data(), added.data());
       for (int64_t i = 0; i < hidden; ++i) h[i] += added[i];
     }
   }
 
  private:
   std::vector<std::vector<torch::Tensor>> blocks_;  // keeps the weights alive
-  std::vector<std::array<Int8Weights, 4>> weights_;  // qkv, o, gate_up, down
+  std::vector<std::array<Product, 4>> weights_;  // qkv, o, gate_up, down
   float eps_;
   int64_t heads_, kv_heads_, head_dim_;
 };

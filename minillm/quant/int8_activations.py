@@ -38,6 +38,7 @@ import torch
 
 from ..linear import CompressedLinear
 from ..native import native_kernels
+from .w4a8 import W4A8Linear
 from .weight_only import WeightOnlyLinear, to_weight_only
 
 UINT8_MAX = 255
@@ -112,14 +113,17 @@ class Int8ActivationLinear(CompressedLinear):
 
 
 def to_int8_activations(model: torch.nn.Module) -> torch.nn.Module:
-    """Give every per-channel int8 linear (and a tied int8 head) int8 activations, in place.
+    """Give every per-channel int8 linear (and a tied int8 head) int8 activations (W8A8), and
+    every grouped int4 linear too (W4A8, :class:`~minillm.quant.w4a8.W4A8Linear`), in place.
 
-    Takes a model with int8 :class:`~minillm.quant.qlinear.QuantLinear` layers (e.g. from
-    ``quantize_model(model, "rtn", QuantScheme(8, symmetric=True, group_size=None))``) or
-    their weight-only form; other layers are left as they are.
+    Takes a model with int8/int4 :class:`~minillm.quant.qlinear.QuantLinear` layers (e.g.
+    from ``quantize_model(model, "rtn", QuantScheme(8, symmetric=True, group_size=None))``)
+    or their weight-only form; other layers are left as they are.
     """
     to_weight_only(model)
     for name, module in list(model.named_modules()):
         if Int8ActivationLinear.supports(module):
             model.set_submodule(name, Int8ActivationLinear.from_weight_only(module))
+        elif W4A8Linear.supports(module):
+            model.set_submodule(name, W4A8Linear.from_weight_only(module))
     return model
