@@ -44,6 +44,7 @@ from minillm.quant.qlinear import model_nbytes
 G128_4BIT = QuantScheme(bits=4, symmetric=False, group_size=128)
 G128_3BIT = QuantScheme(bits=3, symmetric=False, group_size=128)
 INT8_PER_CHANNEL = QuantScheme(bits=8, symmetric=True, group_size=None)
+Q4_1 = QuantScheme(bits=4, symmetric=False, group_size=32, float_zero=True)  # GGUF Q4_1
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,11 @@ class Recipe:
 ROWS: dict[str, tuple[str, Recipe | None]] = {
     "reference": ("reference (fp32 weights, the Q4_1-dequantized checkpoint)", None),
     "int8": ("RTN int8 per-channel, symmetric", Recipe("rtn", INT8_PER_CHANNEL)),
-    "int8_w8a8": ("RTN int8 per-channel + int8 activations per token (W8A8, FBGEMM)",
+    "int8_w8a8": ("RTN int8 per-channel + int8 activations per token (W8A8)",
                   Recipe("rtn", INT8_PER_CHANNEL, then=to_int8_activations)),
+    "rtn4_g32": ("RTN 4-bit g32, float zero points (Q4_1)", Recipe("rtn", Q4_1)),
+    "rtn4_w4a8": ("RTN 4-bit g32 (Q4_1) + int8 activations per token (W4A8)",
+                  Recipe("rtn", Q4_1, then=to_int8_activations)),
     "rtn4": ("RTN 4-bit g128", Recipe("rtn", G128_4BIT)),
     "gptq4": ("GPTQ 4-bit g128", Recipe("gptq", G128_4BIT)),
     "awq4": ("AWQ 4-bit g128", Recipe("awq", G128_4BIT)),

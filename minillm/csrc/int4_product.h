@@ -9,8 +9,9 @@
 //   y_o = s_x sum_g s_og (S_og - z_og C_g),   S_og = sum_{i in g} q_i c_i,  C_g = sum_{i in g} c_i
 //
 // with S and C exact integer sums (minillm/quant/w4a8.py writes it out in float64). With
-// AVX-512 VNNI and groups of 32, two groups are one 32-byte load, two nibble masks and one
-// dot-product instruction over 64 byte pairs; four weight rows share each activation load.
+// AVX-512 VNNI and groups of 32, two groups are one 32-byte load, two nibble masks and two
+// dot-product instructions over 32 byte pairs each; four weight rows share each activation
+// load, and the float work (scales, zero points) is done eight groups at a time.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -19,12 +20,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
-#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__F16C__)
+#include "prefetch.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__F16C__)
 #include <immintrin.h>
-#define MINILLM_VNNI_512 1
+#define MINILLM_VNNI_256 1
 #endif
 
 namespace minillm {
@@ -66,63 +68,87 @@ inline float int4_row(const Int4Weights& w, int64_t o, const int8_t* c,
   return total;
 }
 
-#ifdef MINILLM_VNNI_512
-// Activations laid out for pairs of groups of 32 (groups g and g + 1 as one 64-byte vector):
-// [c_g[0:16], c_g+1[0:16], c_g[16:32], c_g+1[16:32]], the order in which one 32-byte load of
-// the two groups' packed codes unpacks (low nibbles, then high nibbles); and per pair, C_g / 8
-// on the lanes whose dot products belong to group g (lanes 0-3 and 8-11), C_g+1 / 8 on the
-// others, so the zero-point term can be subtracted lane by lane.
-struct PairedActivations {
-  std::vector<int8_t> codes;
-  std::vector<float> group_sums;  // [pairs, 16]
-};
-
-inline PairedActivations pair_groups(const int8_t* c, const int32_t* group_sums, int64_t groups) {
-  PairedActivations paired{std::vector<int8_t>(groups * 32), std::vector<float>(groups / 2 * 16)};
+#ifdef MINILLM_VNNI_256
+// A row's activation codes laid out for pairs of groups of 32 (groups g and g + 1 as one
+// 64-byte vector): [c_g[0:16], c_g+1[0:16], c_g[16:32], c_g+1[16:32]], the order in which
+// one 32-byte load of the two groups' packed codes unpacks (low nibbles, then high ones).
+inline std::vector<int8_t> pair_groups(const int8_t* c, int64_t groups) {
+  std::vector<int8_t> paired(groups * 32);
   for (int64_t pair = 0; pair < groups / 2; ++pair) {
     const int8_t* first = c + pair * 64;
-    int8_t* out = &paired.codes[pair * 64];
+    int8_t* out = &paired[pair * 64];
     std::copy(first, first + 16, out);
     std::copy(first + 32, first + 48, out + 16);
     std::copy(first + 16, first + 32, out + 32);
     std::copy(first + 48, first + 64, out + 48);
-    for (int lane = 0; lane < 16; ++lane)
-      paired.group_sums[pair * 16 + lane] = float(group_sums[2 * pair + (lane / 4) % 2]) / 8.f;
   }
   return paired;
 }
 
-// sum_g s_og (S_og - z_og C_g) for four consecutive weight rows, groups of 32 in pairs.
-inline void int4_rows4_paired(const Int4Weights& w, int64_t o, const PairedActivations& a,
-                              float* totals) {
-  const int64_t groups = w.in / 32;
+// S_og and S_o,g+1 of one pair of groups as eight int32 lanes (lanes 0-3: quarter sums of
+// group g, lanes 4-7: of g + 1): one 32-byte load, two nibble masks, two dot products.
+inline __m256i pair_dots(const uint8_t* packed_pair, const int8_t* paired_activations) {
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-  const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                   _mm512_setzero_ps()};
-  for (int64_t pair = 0; pair < groups / 2; ++pair) {
-    const __m512i activations = _mm512_loadu_si512(&a.codes[pair * 64]);
-    const __m512 sums_over_8 = _mm512_loadu_ps(&a.group_sums[pair * 16]);
+  const __m256i packed = _mm256_loadu_si256((const __m256i*)packed_pair);
+  const __m256i low = _mm256_and_si256(packed, low_nibbles);
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+  const __m256i first = _mm256_loadu_si256((const __m256i*)paired_activations);
+  const __m256i second = _mm256_loadu_si256((const __m256i*)(paired_activations + 32));
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), low, first), high,
+                             second);
+}
+
+inline float sum_lanes(__m256 v) {
+  const __m128 pairs = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 quads = _mm_add_ps(pairs, _mm_movehl_ps(pairs, pairs));
+  return _mm_cvtss_f32(_mm_add_ss(quads, _mm_shuffle_ps(quads, quads, 1)));
+}
+
+// sum_g s_og (S_og - z_og C_g) for four consecutive weight rows, groups of 32. Eight groups
+// at a time: two rounds of horizontal adds turn four pairs' lanes into one sum per group,
+// in the order [g0, g2, g4, g6, g1, g3, g5, g7], and the scales, zero points and C_g are
+// permuted to match. A last pair, if any, is summed on its own.
+inline void int4_rows4_paired(const Int4Weights& w, int64_t o, const int8_t* paired,
+                              const float* group_sums, float* totals) {
+  const int64_t groups = w.in / 32;
+  const __m256i hadd_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  if (o + kWeightRowsAhead + 4 <= w.out) {
+    const int64_t at = (o + kWeightRowsAhead) * groups;
+    prefetch(w.codes + at * 16, 4 * groups * 16);
+    prefetch(w.scales + at, 4 * groups * 2);
+    prefetch(w.zeros + at, 4 * groups * 2);
+  }
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) {
+    const __m256 c = _mm256_permutexvar_ps(hadd_order, _mm256_loadu_ps(group_sums + g));
     for (int k = 0; k < 4; ++k) {
-      const int64_t at = (o + k) * groups + 2 * pair;  // the pair's first group
-      const __m256i packed = _mm256_loadu_si256((const __m256i*)(w.codes + at * 16));
-      const __m512i codes = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_and_si256(packed, low_nibbles)),
-          _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles), 1);
-      const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, activations);
-      int32_t two_scales, two_zeros;  // two fp16 values each
-      std::memcpy(&two_scales, w.scales + at, 4);
-      std::memcpy(&two_zeros, w.zeros + at, 4);
-      const __m512 s = _mm512_permutexvar_ps(
-          spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two_scales))));
-      const __m512 z = _mm512_permutexvar_ps(
-          spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two_zeros))));
-      // s * (S - z C), lane by lane: each lane holds a quarter-group's S and C / 8.
-      acc[k] = _mm512_fmadd_ps(s, _mm512_fnmadd_ps(z, sums_over_8, _mm512_cvtepi32_ps(dots)),
-                               acc[k]);
+      const int64_t at = (o + k) * groups + g;
+      __m256i dots[4];
+      for (int pair = 0; pair < 4; ++pair)
+        dots[pair] = pair_dots(w.codes + (at + 2 * pair) * 16, paired + (g + 2 * pair) * 32);
+      const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(dots[0], dots[1]),
+                                             _mm256_hadd_epi32(dots[2], dots[3]));
+      const __m256 s = _mm256_permutexvar_ps(
+          hadd_order, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.scales + at))));
+      const __m256 z = _mm256_permutexvar_ps(
+          hadd_order, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.zeros + at))));
+      acc[k] = _mm256_fmadd_ps(s, _mm256_fnmadd_ps(z, c, _mm256_cvtepi32_ps(sums)), acc[k]);
     }
   }
-  for (int k = 0; k < 4; ++k) totals[k] = _mm512_reduce_add_ps(acc[k]);
+  for (int k = 0; k < 4; ++k) totals[k] = sum_lanes(acc[k]);
+  for (; g < groups; g += 2)  // the last pairs
+    for (int k = 0; k < 4; ++k) {
+      const int64_t at = (o + k) * groups + g;
+      const __m256i dots = pair_dots(w.codes + at * 16, paired + g * 32);
+      const __m256i twice = _mm256_hadd_epi32(dots, dots);
+      const __m256i sums = _mm256_hadd_epi32(twice, twice);  // lane 0: S_g, lane 4: S_g+1
+      const int32_t first = _mm256_cvtsi256_si32(sums), second = _mm256_extract_epi32(sums, 4);
+      totals[k] += float(w.scales[at]) * (float(first) - float(w.zeros[at]) * group_sums[g]) +
+                   float(w.scales[at + 1]) *
+                       (float(second) - float(w.zeros[at + 1]) * group_sums[g + 1]);
+    }
 }
 #endif
 
@@ -136,18 +162,19 @@ inline void int4_product(const float* x, int64_t rows, const Int4Weights& w, flo
     quantize_row_symmetric(x + r * in, in, &codes[r * in], &scales[r]);
     for (int64_t i = 0; i < in; ++i) group_sums[r * groups + i / w.group] += codes[r * in + i];
   }
-#ifdef MINILLM_VNNI_512
+#ifdef MINILLM_VNNI_256
   const bool paired = w.group == 32 && groups % 2 == 0;
-  std::vector<PairedActivations> pairs;
+  std::vector<std::vector<int8_t>> paired_codes;
+  std::vector<float> float_group_sums(group_sums.begin(), group_sums.end());
   for (int64_t r = 0; paired && r < rows; ++r)
-    pairs.push_back(pair_groups(&codes[r * in], &group_sums[r * groups], groups));
+    paired_codes.push_back(pair_groups(&codes[r * in], groups));
 #endif
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = 0; r < rows; ++r) {
       int64_t o = begin;
-#ifdef MINILLM_VNNI_512
+#ifdef MINILLM_VNNI_256
       for (float totals[4]; paired && o + 4 <= end; o += 4) {
-        int4_rows4_paired(w, o, pairs[r], totals);
+        int4_rows4_paired(w, o, paired_codes[r].data(), &float_group_sums[r * groups], totals);
         for (int k = 0; k < 4; ++k) y[r * out + o + k] = scales[r] * totals[k];
       }
 #endif

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "prefetch.h"
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define MINILLM_VNNI 1
@@ -106,11 +108,14 @@ inline void int8_product(const float* x, int64_t rows, const Int8Weights& w, flo
     for (int64_t first_row = 0; first_row < rows; first_row += kRowsPerBlock) {
       const int64_t last_row = std::min(rows, first_row + kRowsPerBlock);
       int64_t o = begin;
-      for (; o + 4 <= end; o += 4)
+      for (; o + 4 <= end; o += 4) {
+        if (o + kWeightRowsAhead + 4 <= out)
+          prefetch(w.codes + (o + kWeightRowsAhead) * in, 4 * in);
         for (int64_t r = first_row; r < last_row; ++r) {
           dot4(&x_codes[r * in], w.codes + o * in, in, sums);
           for (int k = 0; k < 4; ++k) finish(r, o + k, sums[k]);
         }
+      }
       for (; o < end; ++o)
         for (int64_t r = first_row; r < last_row; ++r)
           finish(r, o, dot(&x_codes[r * in], w.codes + o * in, in));
