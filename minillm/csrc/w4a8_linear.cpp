@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "int4_product.h"
+#include "rows.h"
 
 namespace minillm {
 
@@ -21,16 +22,10 @@ Int4Weights int4_weights(const torch::Tensor& codes, const torch::Tensor& scales
 // x [..., in] float32 -> [..., out] float32.
 torch::Tensor w4a8_linear(const torch::Tensor& x, const torch::Tensor& codes,
                           const torch::Tensor& scales, const torch::Tensor& zeros) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat, "w4a8_linear takes float32 x");
   const Int4Weights weights = int4_weights(codes, scales, zeros);
-  TORCH_CHECK(x.size(-1) == weights.in, "x has ", x.size(-1), " features, the weights ",
-              weights.in);
-  const torch::Tensor rows = x.reshape({-1, weights.in}).contiguous();
-  torch::Tensor y = torch::empty({rows.size(0), weights.out}, x.options());
-  int4_product(rows.data_ptr<float>(), rows.size(0), weights, y.data_ptr<float>());
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = weights.out;
-  return y.view(shape);
+  return over_rows(x, weights.in, weights.out, [&](const float* rows, int64_t n, float* y) {
+    int4_product(rows, n, weights, y);
+  });
 }
 
 }  // namespace minillm
