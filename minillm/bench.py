@@ -179,7 +179,7 @@ def quantized_models(plain: Transformer, scheme: QuantScheme) -> tuple[Transform
 
 
 def int8_activation_model(reference: Transformer) -> Transformer:
-    """The int8 reference's weights with int8 activations (W8A8, FBGEMM), compiled."""
+    """The int8 reference's weights with int8 activations (W8A8, minillm's kernel), compiled."""
     from .compile import compile_decode
     from .quant.int8_activations import to_int8_activations
 

@@ -3,9 +3,10 @@
 The three attention projections read the same input, and so do the MLP's gate and up.
 Stacking their weights row after row gives one layer whose output is theirs side by side:
 the same numbers, in two calls per block instead of five. That saves nothing a roofline
-counts (every weight is still read once), but each call of a kernel has a fixed cost: a
-FBGEMM int8 product of one token costs ~13 µs before it touches a weight, more than the
-whole 192 x 576 key projection takes (``docs/benchmarks.md``). gpt-fast and vLLM store
+counts (every weight is still read once), but each call of a kernel has a fixed cost
+(starting threads, quantizing the input row; for FBGEMM's int8 product ~13 µs before it
+touches a weight, more than the whole 192 x 576 key projection takes,
+``docs/benchmarks.md``). gpt-fast and vLLM store
 these weights fused from the start; here it is a transformation of the plain model, like
 :func:`minillm.compile.compile_decode`, applied for decoding.
 """
