@@ -42,15 +42,17 @@ def _linears(block) -> list:
     return [layer for layer in layers if layer is not None]
 
 
+def _product_tensors(layer) -> list[torch.Tensor]:
+    """A product's codes, scales, and code sums (int8) or zero points (int4)."""
+    third = layer.code_sums if isinstance(layer, Int8ActivationLinear) else layer.zeros
+    return [layer.codes.contiguous(), layer.scales.contiguous(), third.contiguous()]
+
+
 def _block_tensors(block) -> list[torch.Tensor]:
     """The 14 tensors ``DecodeLayers`` takes per block, in its order."""
-    tensors = [block.attn_norm.weight.detach()]
-    for index, layer in enumerate(_projections(block)):
-        if index == 2:
-            tensors.append(block.mlp_norm.weight.detach())
-        third = layer.code_sums if isinstance(layer, Int8ActivationLinear) else layer.zeros
-        tensors += [layer.codes.contiguous(), layer.scales.contiguous(), third.contiguous()]
-    return tensors
+    qkv, o, gate_up, down = (_product_tensors(layer) for layer in _projections(block))
+    return [block.attn_norm.weight.detach(), *qkv, *o,
+            block.mlp_norm.weight.detach(), *gate_up, *down]
 
 
 def check_native_decode(model: Transformer) -> None:
