@@ -30,7 +30,7 @@ import torch
 from minillm import SamplingParams, Tokenizer, load_model
 from minillm.data import load_documents
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.metrics import Summary, summarize
+from minillm.serve.metrics import Summary, percentiles, summarize
 from minillm.serve.sequence import Sequence
 from minillm.serve.workload import TraceRequest, make_trace, replay
 
@@ -86,16 +86,23 @@ class MemoryProbe:
     ``contiguous``: what a contiguous cache reserves (prompt + max_tokens per request);
     ``paged``: distinct blocks in use x block size; ``filled``: the slots of those blocks
     that hold a token (a block shared by several requests through the prefix cache counts
-    once, so ``filled`` can be less than ``tokens``)."""
+    once, so ``filled`` can be less than ``tokens``). ``rounded[b]``: what blocks of ``b``
+    slots would allocate for the same requests without sharing (each request's computed
+    tokens rounded up to whole blocks), the block-size trade-off on the same steps."""
+
+    SIZES = (8, 16, 32)
 
     def __init__(self, llm: LLM):
         self.tokens = self.contiguous = self.paged = self.filled = 0
+        self.rounded = dict.fromkeys(self.SIZES, 0)
         step = llm.step
 
         def measured_step():
             running = llm.scheduler.running
             self.tokens += sum(seq.num_computed for seq in running)
             self.contiguous += sum(seq.num_prompt_tokens + seq.max_tokens for seq in running)
+            for size in self.SIZES:
+                self.rounded[size] += sum(-(-seq.num_computed // size) * size for seq in running)
             fill = {}  # block id: slots holding a token
             for seq in running:
                 for i, block in enumerate(seq.block_table):
@@ -106,42 +113,57 @@ class MemoryProbe:
 
         llm.step = measured_step
 
+    def table(self) -> str:
+        rows = [("contiguous, prompt + max_tokens reserved", self.contiguous, self.tokens),
+                (f"paged, blocks of {BLOCK_SIZE} (the run's blocks)", self.paged, self.filled)]
+        rows += [(f"paged, blocks of {size} (tokens rounded up per request, no sharing)",
+                  self.rounded[size], self.tokens) for size in self.SIZES]
+        lines = ["| cache | slots allocated | slots holding a token | waste "
+                 "| slots per token of the requests |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {name} | {allocated} | {filled} | {100 * (1 - filled / allocated):.1f}% | "
+                  f"{allocated / self.tokens:.2f} |" for name, allocated, filled in rows]
+        return "\n".join(lines)
 
-def policies_table(model, hf, tokenizer, trace, max_batch: int):
+
+POLICIES = {
+    "static": dict(policy="static", chunked_prefill=False),
+    "dynamic (wait 1 s)": dict(policy="dynamic", max_wait=1.0, chunked_prefill=False),
+    "continuous": dict(policy="continuous", chunked_prefill=False),
+    "continuous + chunked prefill (256)": dict(max_tokens_per_step=256),
+}
+
+
+def policies_table(model, hf, tokenizer, trace, max_batches: list[int]):
+    """Every policy at every max batch against one HF baseline; the memory probe rides on
+    each continuous run."""
     stop = tokenizer.stop_tokens
-    print(f"\n## Batching policies: {len(trace)} requests, max batch {max_batch}")
     baseline = hf_one_at_a_time(hf, trace, stop)
     base = summarize(baseline)
     expected = [seq.output for seq in baseline]
-    print("| policy | tokens/s | vs HF one at a time | TTFT P50 / P95 (s) "
-          "| TPOT P50 / P95 (ms) | same tokens |\n|---|---:|---:|---:|---:|---|")
-    print(row("Hugging Face generate, one request at a time", base, base, "(reference)"))
-    policies = {
-        "static": dict(policy="static", max_batch=max_batch, chunked_prefill=False),
-        "dynamic (wait 1 s)": dict(policy="dynamic", max_batch=max_batch, max_wait=1.0,
-                                   chunked_prefill=False),
-        "continuous": dict(policy="continuous", max_batch=max_batch, chunked_prefill=False),
-        "continuous + chunked prefill (256)": dict(max_batch=max_batch,
-                                                   max_tokens_per_step=256),
-    }
-    probe = None
-    for name, config in policies.items():
-        llm = engine(model, tokenizer, **config)
-        if name == "continuous":
-            probe = MemoryProbe(llm)
-        seqs = replay(llm, trace)
-        same = "yes" if [seq.output for seq in seqs] == expected else "NO"
-        print(row(name, summarize(seqs), base, same))
-    print(f"\n## KV memory during the continuous run (blocks of {BLOCK_SIZE})")
-    print("| cache | slots allocated | slots holding a token | waste "
-          "| slots per token of the requests |\n|---|---:|---:|---:|---:|")
-    for name, allocated, filled in (
-            ("contiguous, prompt + max_tokens reserved", probe.contiguous, probe.tokens),
-            ("paged", probe.paged, probe.filled)):
-        print(f"| {name} | {allocated} | {filled} | {100 * (1 - filled / allocated):.1f}% | "
-              f"{allocated / probe.tokens:.2f} |")
-    print("(summed over the steps of the run; paged blocks shared through the prefix cache "
-          "count once)")
+    probes = {}
+    for max_batch in max_batches:
+        print(f"\n## Batching policies: {len(trace)} requests, max batch {max_batch}")
+        print("| policy | tokens/s | vs HF one at a time | TTFT P50 / P95 (s) "
+              "| TPOT P50 / P95 (ms) | same tokens |\n|---|---:|---:|---:|---:|---|")
+        print(row("Hugging Face generate, one request at a time", base, base, "(reference)"))
+        throughput = {}
+        for name, config in POLICIES.items():
+            llm = engine(model, tokenizer, max_batch=max_batch, **config)
+            if name == "continuous":
+                probes[max_batch] = MemoryProbe(llm)
+            seqs = replay(llm, trace)
+            same = "yes" if [seq.output for seq in seqs] == expected else "NO"
+            summary = summarize(seqs)
+            throughput[name] = summary.throughput
+            print(row(name, summary, base, same))
+        print(f"continuous / static: {throughput['continuous'] / throughput['static']:.2f}x; "
+              f"with chunked prefill "
+              f"{throughput['continuous + chunked prefill (256)'] / throughput['static']:.2f}x")
+    for max_batch, probe in probes.items():
+        print(f"\n## KV memory during the continuous run at max batch {max_batch}")
+        print(probe.table())
+        print("(summed over the steps of the run; paged blocks shared through the prefix cache "
+              "count once)")
 
 
 def prefix_table(model, tokenizer, system_tokens: int = 512, requests: int = 16):
@@ -166,21 +188,51 @@ def prefix_table(model, tokenizer, system_tokens: int = 512, requests: int = 16)
               f"{np.mean(ttfts[1:]):.3f} |")
 
 
-def chunked_table(model, tokenizer, trace, long_prompt_tokens: int = 1024):
+def gaps_during(decodes: list[Sequence], windows: list[tuple[float, float]]) -> list[float]:
+    """Inter-token gaps of ``decodes`` that overlap any window (start, end): what a user
+    watching a stream sees while a long prompt is being prefilled."""
+    gaps = []
+    for seq in decodes:
+        times = seq.token_times
+        for before, after in zip(times, times[1:], strict=False):
+            if any(after > start and before < end for start, end in windows):
+                gaps.append(after - before)
+    return gaps
+
+
+def chunked_table(model, tokenizer, trace, long_prompt_tokens: int = 1024,
+                  budgets=(32, 64, 128, 256)):
+    """Eight trace requests decode while three long prompts arrive. For each long prompt,
+    the window from its arrival to its first token is when it stalls the others; the
+    decodes' inter-token gaps that overlap a window are the ITL "while a long prompt
+    arrives". Whole prompts vs chunked prefill under several per-step token budgets."""
     documents = load_documents("wikipedia", "train")
     long = tokenizer.encode(" ".join(documents[10:20]))[:long_prompt_tokens]
     print(f"\n## Chunked prefill: decodes running while {long_prompt_tokens}-token prompts "
           "arrive")
-    print("| prefill | ITL P50 / P95 (ms) | tokens/s |\n|---|---:|---:|")
+    print("| prefill | ITL while a long prompt is prefilled, P50 / P95 (ms) | longest gap (ms) "
+          "| ITL of the whole run, P50 / P95 (ms) | tokens/s | throughput vs whole |\n"
+          "|---|---:|---:|---:|---:|---:|")
     mixed = [TraceRequest(r.arrival, r.prompt, 48) for r in trace[:8]]
     mixed += [TraceRequest(2.0 + i, long, 8) for i in range(3)]
     mixed.sort(key=lambda r: r.arrival)
-    for name, config in (("whole prompts", dict(chunked_prefill=False)),
-                         ("chunks of 128 tokens", dict(max_tokens_per_step=128))):
+    configs = {"whole prompts": dict(chunked_prefill=False)}
+    configs |= {f"chunks, budget {b} tokens per step": dict(max_tokens_per_step=b)
+                for b in budgets}
+    whole = None
+    for name, config in configs.items():
         llm = engine(model, tokenizer, max_batch=12, **config)
-        s = summarize(replay(llm, mixed))
-        print(f"| {name} | {1000 * s.itl['p50']:.0f} / {1000 * s.itl['p95']:.0f} | "
-              f"{s.throughput:.1f} |")
+        seqs = replay(llm, mixed)
+        longs = [seq for seq in seqs if seq.num_prompt_tokens == len(long)]
+        decodes = [seq for seq in seqs if seq.num_prompt_tokens != len(long)]
+        during = percentiles(gaps_during(decodes, [(s.arrival_time, s.token_times[0])
+                                                   for s in longs]))
+        s = summarize(seqs)
+        whole = whole or s.throughput
+        longest = max(gaps_during(decodes, [(0.0, float("inf"))]))
+        print(f"| {name} | {1000 * during['p50']:.0f} / {1000 * during['p95']:.0f} | "
+              f"{1000 * longest:.0f} | {1000 * s.itl['p50']:.0f} / {1000 * s.itl['p95']:.0f} | "
+              f"{s.throughput:.1f} | {s.throughput / whole:.2f}x |")
 
 
 def main(argv=None):
@@ -188,7 +240,7 @@ def main(argv=None):
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second")
     parser.add_argument("--median-tokens", type=int, default=32)
-    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--max-batch", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=["policies", "prefix", "chunked"])
     args = parser.parse_args(argv)

@@ -89,6 +89,10 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
     """
     token_lists = _as_token_lists(prompts)
     _check_request(model, token_lists, max_new_tokens, pad_id)
+    if sampling.n != 1:
+        raise ValueError(f"generate() gives one sample per prompt (got n={sampling.n}); repeat "
+                         "the prompt, or use the serving engine, minillm.serve.LLM, whose "
+                         "samples share the prompt's KV blocks.")
     device = model.device
     ids, mask = (t.to(device) for t in pad_left(token_lists, pad_id))
     padded = bool((mask == 0).any())

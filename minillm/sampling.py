@@ -33,6 +33,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16  # the serving engine's limit per request (generate() has its own)
     stop_token_ids: tuple[int, ...] = ()  # the engine also stops on these
+    n: int = 1  # the engine's samples per prompt (forks sharing the prompt's KV blocks)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -46,6 +47,8 @@ class SamplingParams:
                 f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
         if self.max_tokens < 1 or int(self.max_tokens) != self.max_tokens:
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens}")
+        if self.n < 1 or int(self.n) != self.n:
+            raise ValueError(f"n (samples per prompt) must be a whole number >= 1, got {self.n}")
 
     @property
     def greedy(self) -> bool:

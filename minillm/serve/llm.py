@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from tqdm.auto import tqdm
 
@@ -41,13 +41,27 @@ from .sequence import FinishReason, Sequence
 
 
 @dataclass
+class CompletionOutput:
+    """One sample of a request (vLLM's name)."""
+
+    index: int
+    tokens: list[int]  # generated tokens (a stop token included)
+    text: str | None
+    finish_reason: str | None
+
+
+@dataclass
 class RequestOutput:
+    """A finished request. ``tokens``, ``text`` and ``finish_reason`` are its first sample's;
+    ``outputs`` holds all ``n`` samples."""
+
     request_id: int
     prompt_tokens: list[int]
     tokens: list[int]  # generated tokens (a stop token included)
     text: str | None
     finish_reason: str | None
     error: str | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)
 
 
 class LLM:
@@ -88,6 +102,10 @@ class LLM:
         """Why ``seq`` cannot be served, or None."""
         context, vocab = self.model.config.max_position_embeddings, self.model.config.vocab_size
         needed = self.blocks.blocks_for(seq.num_prompt_tokens + seq.max_tokens)
+        max_batch = self.scheduler.config.max_batch
+        if seq.num_seats > max_batch:
+            return (f"n={seq.num_seats} samples do not fit in a batch of {max_batch} "
+                    "sequences; lower n or raise SchedulerConfig(max_batch=...)")
         if not seq.prompt:
             return "the prompt is empty; give at least one token"
         if any(not 0 <= t < vocab for t in seq.prompt):
@@ -106,20 +124,25 @@ class LLM:
         stop = set(params.stop_token_ids)
         if self.tokenizer is not None:
             stop |= set(self.tokenizer.stop_tokens)
-        seq = Sequence(prompt=self._tokens(prompt), params=params, max_tokens=params.max_tokens,
-                       stop_tokens=frozenset(stop))
+        prompt = self._tokens(prompt)
+        seq, *samples = [Sequence(prompt=list(prompt), params=sample_params,
+                                  max_tokens=params.max_tokens, stop_tokens=frozenset(stop))
+                         for sample_params in _per_sample(params)]
+        seq.samples = samples
         self.requests[seq.id] = seq
         if (reason := self._rejection(seq)) is not None:
-            seq.finish(FinishReason.ERROR, reason)
+            for s in (seq, *samples):
+                s.finish(FinishReason.ERROR, reason)
         else:
             self.scheduler.add(seq)
         return seq
 
     def abort(self, seq: Sequence) -> None:
-        """Cancel a request; its blocks are free after this call."""
-        if not seq.finished:
-            self.scheduler.abort(seq)
-        self.runner.forget(seq)
+        """Cancel a request (all its samples); its blocks are free after this call."""
+        for s in (*seq.samples, seq):
+            if not s.finished:
+                self.scheduler.abort(s)
+            self.runner.forget(s)
 
     @property
     def has_work(self) -> bool:
@@ -142,9 +165,15 @@ class LLM:
     # -- offline and streaming use --------------------------------------------------------
 
     def output(self, seq: Sequence) -> RequestOutput:
+        outputs = [self._completion(i, s) for i, s in enumerate((seq, *seq.samples))]
+        first = outputs[0]
+        return RequestOutput(seq.id, seq.prompt, first.tokens, first.text, first.finish_reason,
+                             seq.error, outputs)
+
+    def _completion(self, index: int, seq: Sequence) -> CompletionOutput:
         text = self.tokenizer.decode(seq.output) if self.tokenizer is not None else None
         reason = seq.finish_reason.value if seq.finish_reason else None
-        return RequestOutput(seq.id, seq.prompt, list(seq.output), text, reason, seq.error)
+        return CompletionOutput(index, list(seq.output), text, reason)
 
     def generate(self, prompts: Seq[str | Seq[int]],
                  params: SamplingParams | Seq[SamplingParams] = SamplingParams(),
@@ -156,15 +185,20 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         with tqdm(total=len(seqs), desc="requests", disable=not progress) as bar:
-            bar.update(sum(seq.finished for seq in seqs))
-            while self.has_work:
-                bar.update(len(self.step()))
+            while True:
+                bar.update(sum(map(_all_finished, seqs)) - bar.n)
+                if not self.has_work:
+                    break
+                self.step()
         return [self.output(seq) for seq in seqs]
 
     def stream(self, prompt: str | Seq[int], params: SamplingParams = SamplingParams()
                ) -> Iterator[int]:
         """Yield one request's tokens as they are sampled, stepping the engine (with every
         other request in it). Closing the generator aborts the request."""
+        if params.n != 1:
+            raise ValueError(f"stream() follows one sample (got n={params.n}); for several, use "
+                             "add_request() and read each of the request's samples, or generate()")
         seq = self.add_request(prompt, params)
         sent = 0
         try:
@@ -178,3 +212,14 @@ class LLM:
 
     def free_blocks(self) -> int:
         return self.blocks.num_free
+
+
+def _per_sample(params: SamplingParams) -> list[SamplingParams]:
+    """The parameters of each of ``params.n`` samples: sample i draws with seed + i, so it
+    gives the tokens a single request with that seed gets."""
+    return [replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            for i in range(params.n)]
+
+
+def _all_finished(seq: Sequence) -> bool:
+    return seq.finished and all(s.finished for s in seq.samples)

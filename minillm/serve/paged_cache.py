@@ -9,7 +9,8 @@ and each sequence's block table. In every layer, :meth:`PagedKVCache.attend` the
 
 1. writes the new keys and values at their slots;
 2. computes each sequence's attention over its own cached tokens: the decodes (one query
-   each) together, through the block tables; each prefill chunk with a causal mask aligned
+   each) together in one call, through the block tables, even when prefill chunks share the
+   step; each prefill chunk on its own, with a causal mask aligned
    to the end of its keys (``causal_lower_right``: the chunk's queries are the sequence's
    last tokens), a structured mask that is never materialised.
 
@@ -19,7 +20,9 @@ to the PyTorch reference (:mod:`minillm.attention.paged`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,27 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [seqs] tokens each sequence attends to, the new ones included
     slot_mapping: torch.Tensor  # [tokens] pool slot of each new token
     block_tables: torch.Tensor  # [seqs, max_blocks], padded with block 0
+
+    @cached_property
+    def sequence_rows(self) -> list[tuple[int, int, int]]:
+        """(sequence, its first row in the flat token list, its rows) for every sequence."""
+        starts = itertools.accumulate(self.query_lens, initial=0)  # one more than sequences
+        return [(s, start, n) for s, (start, n)
+                in enumerate(zip(starts, self.query_lens, strict=False))]
+
+    @cached_property
+    def single_queries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequences with one new token (decodes) and that token's row in the flat list:
+        they share one batched attention call, whatever else is in the step."""
+        singles = [(s, start) for s, start, n in self.sequence_rows if n == 1]
+        device = self.context_lens.device
+        return (torch.tensor([s for s, _ in singles], dtype=torch.long, device=device),
+                torch.tensor([row for _, row in singles], dtype=torch.long, device=device))
+
+    @cached_property
+    def chunks(self) -> list[tuple[int, int, int]]:
+        """(sequence, first row, rows) of every sequence with more than one new token."""
+        return [(s, start, n) for s, start, n in self.sequence_rows if n > 1]
 
 
 class PagedKVCache:
@@ -71,26 +95,30 @@ class PagedKVCache:
         key_pool, value_pool = self.keys[layer], self.values[layer]
         write_kv(key_pool, value_pool, k[0].transpose(0, 1), v[0].transpose(0, 1),
                  meta.slot_mapping)
-        if all(n == 1 for n in meta.query_lens):  # decode only: one query per sequence
-            out = self._decode(q[0].transpose(0, 1), key_pool, value_pool, meta)
-            return out.transpose(0, 1)[None]
-        outputs, start = [], 0
-        for s, n in enumerate(meta.query_lens):
-            q_s = q[:, :, start:start + n]
-            outputs.append(self._prefill(q_s, key_pool, value_pool, meta, s))
-            start += n
-        return torch.cat(outputs, dim=2)
+        q = q[0].transpose(0, 1)  # [tokens, heads, head_dim]
+        if not meta.chunks:  # decode only: one query per sequence, in order
+            return self._decode(q, key_pool, value_pool, meta.block_tables,
+                                meta.context_lens).transpose(0, 1)[None]
+        out = torch.empty_like(q)
+        seqs, rows = meta.single_queries
+        if len(rows):
+            out[rows] = self._decode(q[rows], key_pool, value_pool, meta.block_tables[seqs],
+                                     meta.context_lens[seqs])
+        for s, start, n in meta.chunks:
+            chunk = q[start:start + n].transpose(0, 1)[None]
+            out[start:start + n] = self._prefill(chunk, key_pool, value_pool, meta, s)[0] \
+                .transpose(0, 1)
+        return out.transpose(0, 1)[None]
 
     @staticmethod
-    def _decode(q: torch.Tensor, key_pool, value_pool, meta: AttentionMetadata):
-        """q [seqs, heads, head_dim] -> [seqs, heads, head_dim]."""
+    def _decode(q: torch.Tensor, key_pool, value_pool, block_tables, context_lens):
+        """One query per sequence: q [seqs, heads, head_dim] -> [seqs, heads, head_dim]."""
         if q.is_cuda:
             from ..kernels.paged_attention import paged_decode_attention
 
-            return paged_decode_attention(q, key_pool, value_pool, meta.block_tables,
-                                          meta.context_lens)
-        return paged_attention(q[:, :, None], key_pool, value_pool, meta.block_tables,
-                               meta.context_lens)[:, :, 0]
+            return paged_decode_attention(q, key_pool, value_pool, block_tables, context_lens)
+        return paged_attention(q[:, :, None], key_pool, value_pool, block_tables,
+                               context_lens)[:, :, 0]
 
     @staticmethod
     def _prefill(q: torch.Tensor, key_pool, value_pool, meta: AttentionMetadata, s: int):

@@ -6,8 +6,9 @@ token ids, positions and pool slots, describes them to the cache
 (:class:`~minillm.serve.paged_cache.AttentionMetadata`), runs
 :meth:`~minillm.model.Transformer.forward_flat`, and samples one token for every sequence
 whose tokens are now all computed (a prefill chunk that does not reach the end of its
-prompt samples nothing). Each request samples with its own seeded generator, so its tokens
-do not depend on what else shares its batches.
+prompt samples nothing); when a prompt is in, a request's other samples (``n > 1``) draw
+their first tokens from the same logits. Each sequence samples with its own seeded
+generator, so its tokens do not depend on what else shares its batches.
 
 ``slot_mapping`` is the function that says where each new token's keys and values go in
 the pool (:func:`minillm.attention.paged.slot_mapping`); chapter 12 passes the learner's.
@@ -58,7 +59,12 @@ class ModelRunner:
         logits = self.model.forward_flat(torch.tensor(tokens, device=device),
                                          torch.tensor(positions, device=device), self.cache,
                                          torch.tensor(last_rows, dtype=torch.long, device=device))
-        return {seq.id: self._sample(seq, row) for seq, row in zip(sampled, logits, strict=True)}
+        tokens = {}
+        for seq, row in zip(sampled, logits, strict=True):
+            tokens[seq.id] = self._sample(seq, row)
+            if not seq.output:  # its prompt is in: its other samples draw from the same logits
+                tokens |= {s.id: self._sample(s, row) for s in seq.unforked_samples}
+        return tokens
 
     def _metadata(self, step: Step, slots: list[int], device) -> AttentionMetadata:
         tables = [seq.block_table for seq, _ in step.work]

@@ -29,7 +29,6 @@ make the recompute cheap). Requests are served first come, first served.
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from collections import deque
@@ -146,9 +145,7 @@ class Scheduler:
         running requests (preempting if the pool is short), then joining ones."""
         # seated until their lockstep batch ends (static and dynamic policies):
         running = [seq for seq in self.running if not seq.finished]
-        seats = self.config.max_batch - len(self.running)
-        waiting = list(itertools.islice(self.waiting, seats)) \
-            if self._may_admit(now) else []
+        waiting = self._joinable() if self._may_admit(now) else []
         needs = [seq.num_uncomputed for seq in running]
         waiting_needs = [seq.num_tokens - self.blocks.block_size
                          * len(self.blocks.cached_prefix_blocks(seq)) for seq in waiting]
@@ -193,6 +190,18 @@ class Scheduler:
         self.waiting.appendleft(seq)
         step.preempted.append(seq)
 
+    def _joinable(self) -> list[Sequence]:
+        """The waiting requests, first come first served, that fit in the free seats (a
+        request for n samples takes n seats)."""
+        free = self.config.max_batch - sum(seq.num_seats for seq in self.running)
+        joinable = []
+        for seq in self.waiting:
+            if seq.num_seats > free:
+                break
+            joinable.append(seq)
+            free -= seq.num_seats
+        return joinable
+
     def _may_admit(self, now: float) -> bool:
         """Continuous batching admits every step; static and dynamic only into an empty
         batch (dynamic: once it can be filled or the oldest request has waited enough)."""
@@ -225,8 +234,7 @@ class Scheduler:
         seats, the token budget (the first one always fits) and blocks allow; a request that
         does not fit blocks the queue (FCFS)."""
         budget = self.config.max_tokens_per_step
-        while self.waiting and len(self.running) < self.config.max_batch:
-            seq = self.waiting[0]
+        for seq in self._joinable():
             cached = self.blocks.block_size * len(self.blocks.cached_prefix_blocks(seq))
             n = seq.num_tokens - cached
             if step.work and n > budget or not self._start(seq, n, step):
@@ -242,7 +250,9 @@ class Scheduler:
             seq.num_computed += n
             self.blocks.commit(seq)
             if seq.id in sampled:
+                forks = [s for s in seq.unforked_samples if s.id in sampled]
                 seq.append(sampled[seq.id], now)
+                done += [s for s in forks if self._fork(seq, s, sampled[s.id], now).finished]
             if seq.finished:
                 done.append(seq)
         if self.config.policy != "continuous":  # lockstep: seats free when all are done
@@ -255,6 +265,17 @@ class Scheduler:
             self.running.remove(seq)
             self.blocks.free(seq)
         return done
+
+
+    def _fork(self, parent: Sequence, sample: Sequence, token: int, now: float | None
+              ) -> Sequence:
+        """Start one of ``parent``'s other samples: it shares the computed prompt's blocks
+        (copy-on-write) and takes ``token``, drawn from the same logits, as its first."""
+        self.blocks.fork(parent, sample)
+        sample.status = Status.RUNNING
+        self.running.append(sample)
+        sample.append(token, now)
+        return sample
 
 
 def _check_plan(counts: list[int], needs: list[int], waiting_needs: list[int],

@@ -11,6 +11,11 @@ in the cache. Everything else is derived from it and from the token list:
 * in prefill: ``num_computed < num_prompt_tokens``;
 * preempted: its blocks are freed and ``num_computed`` goes back to 0 (recompute);
 * a prefix-cache hit: ``num_computed`` starts at the number of cached tokens.
+
+A request for ``n`` samples of one prompt is one sequence with ``n - 1`` more in
+``samples``. They wait, unforked, until the prompt is computed; then each draws its first
+token from the same logits and takes over the prompt's blocks by reference (a fork), so the
+prompt's keys and values are stored once.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Sequence:
     error: str | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)  # when each output token came
+    samples: list[Sequence] = field(default_factory=list)  # n > 1: the request's other samples
 
     @property
     def tokens(self) -> list[int]:
@@ -75,6 +81,16 @@ class Sequence:
     @property
     def in_prefill(self) -> bool:
         return self.num_computed < self.num_prompt_tokens
+
+    @property
+    def unforked_samples(self) -> list[Sequence]:
+        """The samples still waiting to branch off this sequence (before its first token)."""
+        return [s for s in self.samples if s.status is Status.WAITING and not s.output]
+
+    @property
+    def num_seats(self) -> int:
+        """Places in the running batch this sequence needs: itself and its unforked samples."""
+        return 1 + len(self.unforked_samples)
 
     @property
     def finished(self) -> bool:
