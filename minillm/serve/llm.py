@@ -10,7 +10,8 @@ Underneath, every :meth:`step` is one iteration: the scheduler picks the work
 (:mod:`.scheduler`), the block manager gives it cache blocks (:mod:`.block_manager`), the
 runner computes and samples (:mod:`.runner`). Requests join and leave between steps, so
 ``add_request`` / :meth:`stream` / :meth:`abort` work while others are running (what the
-HTTP server sits on).
+HTTP server sits on). ``SamplingParams(n=...)`` asks for several samples of one prompt:
+they fork from the computed prompt and share its blocks (``RequestOutput.outputs``).
 
 Bad requests do not take the batch down: an empty prompt, a prompt longer than the
 context, or a request that needs more KV blocks than the whole pool finishes at once with
