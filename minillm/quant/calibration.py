@@ -27,10 +27,12 @@ from ..model import Block, Transformer, build_attention_mask
 
 
 def calibration_windows(tokenizer, num_windows: int = 128, window: int = 512,
-                        corpus: str = "sotu", seed: int = 0) -> torch.Tensor:
-    """``num_windows`` windows of ``window`` tokens from random places in ``corpus``'s train
-    split, as a LongTensor [num_windows, window]. Fixed by ``seed``; never the eval split."""
-    documents = load_documents(corpus, "train")
+                        corpus: str = "sotu", seed: int = 0, split: str = "train"
+                        ) -> torch.Tensor:
+    """``num_windows`` windows of ``window`` tokens from random places in ``corpus``'s
+    ``split``, as a LongTensor [num_windows, window]. Fixed by ``seed``. Calibration and
+    training take the train split; "eval" is for held-out measurements."""
+    documents = load_documents(corpus, split)
     order = torch.randperm(len(documents), generator=torch.Generator().manual_seed(seed))
     tokens: list[int] = []
     needed = 4 * num_windows * window  # enough text for windows that rarely overlap

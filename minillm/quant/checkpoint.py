@@ -80,10 +80,15 @@ def save_quantized(model: Transformer, directory: str | Path,
     (directory / QUANTIZATION_FILE).write_text(json.dumps(
         {"layers": layers, "embedding": embedding}, indent=2))
     if tokenizer_from is not None:
-        for name in TOKENIZER_FILES:
-            if (Path(tokenizer_from) / name).exists():
-                shutil.copy(Path(tokenizer_from) / name, directory / name)
+        copy_tokenizer_files(tokenizer_from, directory)
     return directory
+
+
+def copy_tokenizer_files(source: str | Path, directory: str | Path) -> None:
+    """Copy a checkpoint's tokenizer files, so ``Tokenizer(directory)`` works too."""
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).exists():
+            shutil.copy(Path(source) / name, Path(directory) / name)
 
 
 def _read_description(directory: Path) -> dict:
