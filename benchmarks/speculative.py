@@ -2,6 +2,8 @@
 
     python benchmarks/speculative.py                 # the table in docs/benchmarks.md
     python benchmarks/speculative.py --gamma 2 4 8   # a gamma sweep
+    python benchmarks/speculative.py --draft ~/.cache/minillm/drafts/smollm2-4l-kd
+        # adds rows for a draft model (e.g. one made by `minillm distill`)
 
 Each prompt is decoded greedily twice by the same engine path (eager, contiguous KV
 cache): plainly with ``generate``, and with ``speculative_generate`` drafting ``gamma``
@@ -16,7 +18,10 @@ from is the first document of the course's Wikipedia eval split.
 
 Columns: alpha (share of drafted tokens accepted), tokens per target call (the speedup
 if a verification cost one decode step: an upper bound, as a verify pass over gamma + 1
-tokens costs more), and the measured wall-clock speedup.
+tokens costs more), and the measured wall-clock speedup. With ``--draft``, each prompt
+also gets rows drafted by that model (its cost c, the bytes it reads per step over the
+target's, is printed once), and the predicted speedup of Leviathan et al. 2023 (eq. 1 and
+Theorem 3.8): E[tokens per call] / (gamma c + 1), with the measured alpha.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from functools import partial
 
 import torch
 
 from minillm import Tokenizer, generate, load_model
 from minillm.data import load_documents
-from minillm.speculative import PromptLookup, speculative_generate
+from minillm.draft import draft_cost
+from minillm.sampling import SamplingParams
+from minillm.speculative import DraftModel, PromptLookup, speculative_generate
 
 CODE = '''def mean(values):
     total = 0
@@ -73,6 +81,25 @@ def timed(repeats: int, fn, *args, **kwargs):
     return best, result
 
 
+def rows_for(args, model, draft, prompt) -> list[tuple[str, int, float, object]]:
+    """(drafter, gamma, draft cost c, a function that makes a fresh proposer) per row."""
+    rows = [] if args.no_lookup else [
+        (f"prompt lookup, n-gram >= {n}", gamma, 0.0,
+         partial(PromptLookup, model.config.vocab_size, min_ngram=n))
+        for gamma, n in itertools.product(args.gamma, args.min_ngram)]
+    if draft is not None:
+        max_len = len(prompt) + args.new_tokens + max(args.gamma) + 1
+        rows += [("learned draft", gamma, draft_cost(draft, model),
+                  partial(DraftModel, draft, SamplingParams(), max_len)) for gamma in args.gamma]
+    return rows
+
+
+def speculate(model, make_proposer, prompt, new_tokens, gamma, stop):
+    """One speculative generation with a fresh proposer (a draft's cache starts empty)."""
+    return speculative_generate(model, make_proposer(), prompt, new_tokens, gamma=gamma,
+                                stop_tokens=stop)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -81,24 +108,30 @@ def main(argv=None):
     parser.add_argument("--min-ngram", type=int, nargs="+", default=[1, 2],
                         help="shortest context match prompt lookup drafts from")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--draft", default=None, help="a draft checkpoint to add rows for")
+    parser.add_argument("--no-lookup", action="store_true", help="only the draft's rows")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tokenizer, model = Tokenizer("smollm2"), load_model("smollm2")
+    draft = load_model(args.draft) if args.draft else None
+    if draft is not None:
+        print(f"draft {args.draft}: {draft.config.num_layers} layers, cost c = "
+              f"{draft_cost(draft, model):.2f} of a target step (bytes read)")
     stop = tokenizer.stop_tokens
-    print("| prompt | kind | gamma | min n-gram | alpha | tokens per call "
+    print("| prompt | kind | drafter | gamma | alpha | tokens per call | predicted speedup "
           "| measured speedup | plain tok/s | same tokens |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
     for kind, name, prompt in prompts(tokenizer):
         plain_seconds, (plain,) = timed(args.repeats, generate, model, [prompt],
                                         args.new_tokens, stop_tokens=stop)
-        for gamma, min_ngram in itertools.product(args.gamma, args.min_ngram):
-            lookup = PromptLookup(model.config.vocab_size, min_ngram=min_ngram)
-            seconds, (tokens, stats) = timed(args.repeats, speculative_generate, model, lookup,
-                                             prompt, args.new_tokens, gamma=gamma,
-                                             stop_tokens=stop)
+        for drafter, gamma, cost, make_proposer in rows_for(args, model, draft, prompt):
+            seconds, (tokens, stats) = timed(args.repeats, speculate, model, make_proposer,
+                                             prompt, args.new_tokens, gamma, stop)
             same = "yes" if tokens == plain else "NO"
-            print(f"| {name} | {kind} | {gamma} | {min_ngram} | {stats.acceptance_rate:.2f} | "
-                  f"{stats.tokens_per_call:.2f} | "
+            alpha = stats.acceptance_rate
+            expected = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
+            print(f"| {name} | {kind} | {drafter} | {gamma} | {alpha:.2f} | "
+                  f"{stats.tokens_per_call:.2f} | {expected / (gamma * cost + 1):.2f}x | "
                   f"{plain_seconds / seconds:.2f}x | {len(plain) / plain_seconds:.1f} | "
                   f"{same} ({len(plain)} tokens) |")
 
