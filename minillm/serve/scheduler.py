@@ -244,7 +244,8 @@ class Scheduler:
     def finish_step(self, step: Step, sampled: dict[int, int], now: float | None = None
                     ) -> list[Sequence]:
         """Count the computed tokens, append each sampled token (sequences whose every
-        token is now computed), release finished sequences. Returns the finished ones."""
+        token is now computed), fork the other samples of a request whose prompt is now in
+        (:meth:`_fork`), release finished sequences. Returns the finished ones."""
         done = []
         for seq, n in step.work:
             seq.num_computed += n
@@ -265,7 +266,6 @@ class Scheduler:
             self.running.remove(seq)
             self.blocks.free(seq)
         return done
-
 
     def _fork(self, parent: Sequence, sample: Sequence, token: int, now: float | None
               ) -> Sequence:
