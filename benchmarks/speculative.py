@@ -11,10 +11,10 @@ tokens per target call by prompt lookup (n-grams of the context, up to 3 tokens 
 least ``--min-ngram``). Lossless rows
 only: the speculative tokens are compared with the plain ones and the table says so.
 
-Prompts come in two kinds, after the issue's goals: *input-grounded* (rewrite, extract,
-edit code: the answer copies spans of the prompt, which is what prompt lookup can guess)
-and *open-ended* (a story, advice: little to copy). The paragraph to rewrite and extract
-from is the first document of the course's Wikipedia eval split.
+Prompts (:mod:`minillm.task_prompts`) come in three kinds: *input-grounded* (rewrite,
+extract, edit code: the answer copies spans of the prompt, which is what prompt lookup can
+guess), *chat* (an explanation, advice) and *creative* (a story); the last two are the
+open-ended ones.
 
 Columns: alpha (share of drafted tokens accepted), tokens per target call (the speedup
 if a verification cost one decode step: an upper bound, as a verify pass over gamma + 1
@@ -34,41 +34,10 @@ from functools import partial
 import torch
 
 from minillm import Tokenizer, generate, load_model
-from minillm.data import load_documents
 from minillm.draft import draft_cost
 from minillm.sampling import SamplingParams
 from minillm.speculative import DraftModel, PromptLookup, speculative_generate
-
-CODE = '''def mean(values):
-    total = 0
-    for v in values:
-        total += v
-    return total / len(values) if values else 0.0
-
-
-def variance(values):
-    m = mean(values)
-    return sum((v - m) ** 2 for v in values) / len(values)
-'''
-
-
-def prompts(tokenizer: Tokenizer) -> list[tuple[str, str, list[int]]]:
-    """(kind, name, chat prompt ids) for every benchmark prompt."""
-    paragraph = " ".join(load_documents("wikipedia", "eval")[0].split()[:120])
-    grounded = {
-        "rewrite": f"Rewrite this paragraph in plain words, keeping its facts:\n\n{paragraph}",
-        "extract": f"List every name, date and number that appears in this text:\n\n{paragraph}",
-        "edit code": f"Rename the variable `values` to `xs` in this code and return the "
-                     f"whole code:\n\n{CODE}",
-    }
-    open_ended = {
-        "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "advice": "How can I get better at learning a new language? Give practical tips.",
-    }
-    return ([("input-grounded", name, tokenizer.chat_prompt(text))
-             for name, text in grounded.items()]
-            + [("open-ended", name, tokenizer.chat_prompt(text))
-               for name, text in open_ended.items()])
+from minillm.task_prompts import task_prompts
 
 
 def timed(repeats: int, fn, *args, **kwargs):
@@ -121,7 +90,7 @@ def main(argv=None):
     print("| prompt | kind | drafter | gamma | alpha | tokens per call | predicted speedup "
           "| measured speedup | plain tok/s | same tokens |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
-    for kind, name, prompt in prompts(tokenizer):
+    for kind, name, prompt in task_prompts(tokenizer):
         plain_seconds, (plain,) = timed(args.repeats, generate, model, [prompt],
                                         args.new_tokens, stop_tokens=stop)
         for drafter, gamma, cost, make_proposer in rows_for(args, model, draft, prompt):

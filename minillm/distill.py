@@ -165,9 +165,11 @@ def top1_agreement(student, teacher_indices: torch.Tensor, tokens: torch.Tensor,
 
 
 def distill(student, data: TeacherTargets, config: DistillConfig,
-            resume_file: str | Path | None = None, progress: bool = True) -> list[float]:
+            resume_file: str | Path | None = None, progress: bool = True,
+            loss=sparse_kd_loss) -> list[float]:
     """Train ``student`` on ``data`` with AdamW; returns the loss of every step.
 
+    ``loss`` has :func:`sparse_kd_loss`'s signature (chapter 10 passes the learner's own).
     Batches are drawn with a generator seeded by ``config.seed``. With ``resume_file`` the
     student, the optimizer and the step are saved there every ``checkpoint_every`` steps,
     and a run that finds the file resumes where it stopped (the same batches follow).
@@ -189,13 +191,13 @@ def distill(student, data: TeacherTargets, config: DistillConfig,
         rows = order[step]
         tokens = data.tokens[rows]
         logits = student(tokens[:, :-1])
-        loss = sparse_kd_loss(logits, data.values[rows, :-1], data.indices[rows, :-1],
-                              tokens[:, 1:], alpha=config.alpha,
-                              temperature=config.temperature, kind=config.kind)
+        step_loss = loss(logits, data.values[rows, :-1], data.indices[rows, :-1],
+                         tokens[:, 1:], alpha=config.alpha, temperature=config.temperature,
+                         kind=config.kind)
         optimizer.zero_grad()
-        loss.backward()
+        step_loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(step_loss.item())
         if resume_file is not None and (step + 1) % config.checkpoint_every == 0:
             torch.save({"student": student.state_dict(), "optimizer": optimizer.state_dict(),
                         "step": step + 1, "losses": losses}, resume_file)

@@ -48,28 +48,35 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs.reshape(logits.shape)
 
 
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)) over the last dimension: where the target wants more mass than
+    the draft gave. Sampling from it after a rejection makes up exactly the missing mass."""
+    positive = (p - q).clamp(min=0)
+    return positive / positive.sum(-1, keepdim=True)
+
+
 def verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rejection sampling of γ drafted tokens, for a batch of rows.
+    """Rejection sampling of γ >= 1 drafted tokens, for a batch of rows.
 
     p [rows, γ + 1, vocab]: the target's distributions after each draft prefix (the last
     one follows all γ drafts); q [rows, γ, vocab]: the draft's; draft [rows, γ]: its tokens.
     Returns (accepted [rows]: how many drafts survive, next_token [rows]: the residual
-    sample at the first rejection, or the bonus sample when all survive).
+    sample at the first rejection, or the bonus sample from p's last row when all survive).
+    Draws ``rand(rows, γ)`` then one multinomial, in that order (chapter 11's exercise
+    matches it token for token).
     """
     rows, gamma = draft.shape
     p_draft = p[:, :gamma].gather(-1, draft[..., None])[..., 0]
     q_draft = q.gather(-1, draft[..., None])[..., 0]
     u = torch.rand(rows, gamma, generator=generator, device=p.device)
     kept = u * q_draft < p_draft  # u < p/q without dividing (q of a drafted token is > 0)
-    accepted = kept.int().cumprod(-1).sum(-1)
+    accepted = kept.long().cumprod(-1).sum(-1)
     index = torch.arange(rows, device=p.device)
-    target = p[index, accepted]  # [rows, vocab]
-    residual = torch.where((accepted < gamma)[:, None],
-                           (target - q[index, accepted.clamp(max=gamma - 1)]).clamp(min=0),
-                           target) if gamma else target
-    residual = residual / residual.sum(-1, keepdim=True)
-    return accepted, torch.multinomial(residual, 1, generator=generator)[:, 0]
+    at = accepted.clamp(max=gamma - 1)
+    dist = torch.where((accepted < gamma)[:, None], residual(p[index, at], q[index, at]),
+                       p[index, gamma])
+    return accepted, torch.multinomial(dist, 1, generator=generator)[:, 0]
 
 
 def verify_greedy(choices: list[int], draft: list[int]) -> tuple[int, int]:
@@ -119,13 +126,26 @@ class DraftModel:
         self.cache.rewind(max(self.cache.length - num_tokens, 0))
 
 
-class PromptLookup:
+def lookup_ngram(tokens: Sequence[int], gamma: int, max_ngram: int = 3,
+                 min_ngram: int = 1) -> list[int]:
     """Prompt lookup decoding (Saxena 2023): find the latest earlier occurrence of the
-    context's last n tokens (n = ``max_ngram`` down to ``min_ngram``) and propose what
-    followed it. Free to run, and good when the answer copies its input (rewriting,
-    editing, extracting). A one-token match is nearly always found and rarely right in
-    free text, where each wasted proposal still costs a longer verification:
-    ``min_ngram=2`` proposes less often (``benchmarks/speculative.py`` measures both)."""
+    context's last n tokens (n = ``max_ngram`` down to ``min_ngram``) and return up to
+    ``gamma`` tokens that followed it (none if no n-gram recurs)."""
+    tokens = list(tokens)
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + gamma]
+    return []
+
+
+class PromptLookup:
+    """:func:`lookup_ngram` as a :class:`Proposer`: free to run, and good when the answer
+    copies its input (rewriting, editing, extracting). A one-token match is nearly always
+    found and rarely right in free text, where each wasted proposal still costs a longer
+    verification: ``min_ngram=2`` proposes less often (``benchmarks/speculative.py``
+    measures both)."""
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -133,15 +153,7 @@ class PromptLookup:
         self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
 
     def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]:
-        drafted: list[int] = []
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            tail = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):
-                if tokens[start:start + n] == tail:
-                    drafted = tokens[start + n:start + n + gamma]
-                    break
-            if drafted:
-                break
+        drafted = lookup_ngram(tokens, gamma, self.max_ngram, self.min_ngram)
         return drafted, F.one_hot(torch.tensor(drafted, dtype=torch.long),
                                   self.vocab_size).float()
 
@@ -169,13 +181,15 @@ class SpeculativeStats:
 @torch.inference_mode()
 def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequence[int],
                          max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
-                         gamma: int = 4, stop_tokens: Sequence[int] = ()
-                         ) -> tuple[list[int], SpeculativeStats]:
+                         gamma: int = 4, stop_tokens: Sequence[int] = (),
+                         verifier=None) -> tuple[list[int], SpeculativeStats]:
     """Generate up to ``max_new_tokens`` after ``prompt`` with ``proposer`` drafting ``gamma``
     tokens per target call. Returns the new tokens (as plain sampling from the target would
     distribute them; greedy: the very same tokens) and the acceptance statistics. Greedy
     requests are verified by comparing tokens (:func:`verify_greedy`), sampled ones by
-    rejection sampling (:func:`verify`)."""
+    rejection sampling (:func:`verify`). A ``verifier`` with :func:`verify`'s signature
+    replaces both (greedy then goes through one-hot distributions; chapter 11 passes the
+    learner's)."""
     if params.repetition_penalty != 1.0:
         raise ValueError("speculative decoding here supports temperature, top-k and top-p; "
                          "a repetition penalty makes p depend on the draft's tokens")
@@ -193,12 +207,13 @@ def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequen
         drafted, q = proposer.propose(tokens, min(gamma, room - 1)) if room > 1 else ([], None)
         feed = torch.tensor([tokens[-1:] + drafted], device=target.device)
         logits = target(feed, cache)[0]  # [len(drafted) + 1, vocab]
-        if params.greedy:
+        if params.greedy and verifier is None:
             choices = process_logits(logits, params).argmax(-1).tolist()
             accepted, extra = verify_greedy(choices, drafted)
         elif drafted:
             p = probabilities(logits, params)
-            accepted, extra = verify(p[None], q[None].to(p), torch.tensor([drafted]), generator)
+            accepted, extra = (verifier or verify)(p[None], q[None].to(p), torch.tensor([drafted]),
+                                                   generator)
             accepted, extra = int(accepted), int(extra)
         else:
             p = probabilities(logits[-1], params)

@@ -20,7 +20,7 @@ def run(scheduler: Scheduler, max_steps: int = 10_000):
         for seq, n in step.work:  # only the written blocks are private
             assert all(scheduler.blocks.blocks[b].ref_count == 1
                        for b in scheduler.blocks.written_blocks(seq, n))
-        sampled = {seq.id: seq.num_tokens % 7 for seq, n in step.work
+        sampled = {seq.id: [seq.num_tokens % 7] for seq, n in step.work
                    if seq.num_computed + n == seq.num_tokens}
         scheduler.finish_step(step, sampled)
         steps.append(step)
@@ -75,14 +75,14 @@ def test_chunked_prefill_splits_a_long_prompt_and_keeps_decodes_running():
                           BlockManager(64, 4))
     short = Sequence(prompt=[1, 2], max_tokens=10)
     scheduler.add(short)
-    scheduler.finish_step(scheduler.schedule(), {short.id: 3})
+    scheduler.finish_step(scheduler.schedule(), {short.id: [3]})
     long = Sequence(prompt=list(range(30)), max_tokens=2)
     scheduler.add(long)
     for _ in range(4):  # 30 prompt tokens at 7 per step, beside the decode
         step = scheduler.schedule()
         assert dict((s.id, n) for s, n in step.work)[short.id] == 1
         assert step.num_tokens <= 8
-        scheduler.finish_step(step, {s.id: 3 for s, n in step.work
+        scheduler.finish_step(step, {s.id: [3] for s, n in step.work
                                      if s.num_computed + n == s.num_tokens})
     assert long.num_computed == 28 and not long.output
 

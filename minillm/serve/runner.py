@@ -10,6 +10,11 @@ prompt samples nothing); when a prompt is in, a request's other samples (``n > 1
 their first tokens from the same logits. Each sequence samples with its own seeded
 generator, so its tokens do not depend on what else shares its batches.
 
+A decode that carries speculative guesses (``seq.draft``, chapter 11) gets logits at its
+newest token and at every guess, from the same forward pass; greedy requests keep the
+guesses that equal the target's choices, sampled ones go through rejection sampling with
+the lookup's one-hot q, and either way one more token comes from the target.
+
 ``slot_mapping`` is the function that says where each new token's keys and values go in
 the pool (:func:`minillm.attention.paged.slot_mapping`); chapter 12 passes the learner's.
 """
@@ -22,7 +27,8 @@ import torch
 
 from ..attention.paged import slot_mapping
 from ..model import Transformer
-from ..sampling import sample
+from ..sampling import process_logits, sample
+from ..speculative import probabilities, verify, verify_greedy
 from .paged_cache import AttentionMetadata, PagedKVCache
 from .scheduler import Step
 from .sequence import Sequence
@@ -42,29 +48,32 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}
 
     @torch.inference_mode()
-    def run(self, step: Step) -> dict[int, int]:
-        """Compute the step's tokens; returns {sequence id: sampled token}."""
+    def run(self, step: Step) -> dict[int, list[int]]:
+        """Compute the step's tokens; returns {sequence id: its new tokens} (one sampled
+        token, after the accepted guesses of a speculative decode)."""
         self.cache.copy_blocks(step.copies)
-        tokens, positions, slots, last_rows, sampled = [], [], [], [], []
+        tokens, positions, slots, rows, sampled = [], [], [], [], []
         for seq, n in step.work:
             start = seq.num_computed
-            tokens += seq.tokens[start:start + n]
+            tokens += (seq.tokens + seq.draft)[start:start + n]
             positions += range(start, start + n)
             slots += self.slot_mapping(seq.block_table, start, n, self.cache.block_size)
-            if start + n == seq.num_tokens:  # the whole sequence is in: its next token
-                last_rows.append(len(tokens) - 1)
+            if start + n == seq.num_tokens + len(seq.draft):  # all in: logits for what follows
+                rows += range(len(tokens) - 1 - len(seq.draft), len(tokens))
                 sampled.append(seq)
         device = self.model.device
         self.cache.metadata = self._metadata(step, slots, device)
         logits = self.model.forward_flat(torch.tensor(tokens, device=device),
                                          torch.tensor(positions, device=device), self.cache,
-                                         torch.tensor(last_rows, dtype=torch.long, device=device))
-        tokens = {}
-        for seq, row in zip(sampled, logits, strict=True):
-            tokens[seq.id] = self._sample(seq, row)
+                                         torch.tensor(rows, dtype=torch.long, device=device))
+        new, first = {}, 0
+        for seq in sampled:
+            own = logits[first:first + 1 + len(seq.draft)]
+            first += len(own)
+            new[seq.id] = self._verify(seq, own) if seq.draft else [self._sample(seq, own[0])]
             if not seq.output:  # its prompt is in: its other samples draw from the same logits
-                tokens |= {s.id: self._sample(s, row) for s in seq.unforked_samples}
-        return tokens
+                new |= {s.id: [self._sample(s, own[0])] for s in seq.unforked_samples}
+        return new
 
     def _metadata(self, step: Step, slots: list[int], device) -> AttentionMetadata:
         tables = [seq.block_table for seq, _ in step.work]
@@ -77,11 +86,29 @@ class ModelRunner:
             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
                                       device=device))
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
+    def _generator(self, seq: Sequence, device) -> torch.Generator:
         if seq.id not in self.generators:
-            self.generators[seq.id] = seq.params.make_generator(logits.device)
+            self.generators[seq.id] = seq.params.make_generator(device)
+        return self.generators[seq.id]
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> int:
         previous = torch.tensor([seq.tokens], device=logits.device)
-        return int(sample(logits[None], seq.params, self.generators[seq.id], previous)[0])
+        return int(sample(logits[None], seq.params, self._generator(seq, logits.device),
+                          previous)[0])
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
+        """The accepted prefix of ``seq.draft`` and one token of the target's, from the
+        logits [1 + guesses, vocab] at its newest token and at each guess."""
+        if seq.params.greedy:
+            choices = process_logits(logits, seq.params).argmax(-1).tolist()
+            accepted, extra = verify_greedy(choices, seq.draft)
+        else:
+            p = probabilities(logits, seq.params)
+            draft = torch.tensor([seq.draft], device=logits.device)
+            q = torch.nn.functional.one_hot(draft, logits.shape[-1]).to(p)
+            accepted, extra = (int(x[0]) for x in verify(p[None], q, draft,
+                                                         self._generator(seq, logits.device)))
+        return seq.draft[:accepted] + [extra]
 
     def forget(self, seq: Sequence) -> None:
         """Drop a finished sequence's generator."""

@@ -21,6 +21,13 @@ over several steps and the decodes keep flowing (Agrawal et al. 2023, Sarathi). 
 is a pure function of token counts, :func:`plan_chunked_step`; ``SchedulerConfig(plan=...)``
 replaces it (chapter 13 plugs in the learner's), and the scheduler checks what it returns.
 
+With ``speculative_tokens = γ > 0`` a decoding request also carries up to γ tokens
+proposed by prompt lookup (:func:`~minillm.speculative.lookup_ngram`) from what is left
+of the step's token budget; the runner verifies them in the same forward pass and only
+accepted tokens count as computed, so blocks holding unverified tokens are never named in
+the prefix cache. Drafts never preempt: they take blocks only while one free block per
+running request remains.
+
 When the pool runs out of blocks, the most recently started running request is
 **preempted by recompute**: its blocks are freed, its counter of computed tokens goes back
 to 0 and it returns to the front of the queue (its cached prefix blocks may survive and
@@ -35,6 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..speculative import lookup_ngram
 from .block_manager import BlockManager
 from .sequence import FinishReason, Sequence, Status
 
@@ -79,12 +87,16 @@ class SchedulerConfig:
     random_preemption: float = 0.0  # tests: chance per step of preempting a running request
     seed: int = 0  # ... drawn from a generator seeded with this
     plan: Plan = plan_chunked_step  # chunked prefill: how a step's token budget is split
+    speculative_tokens: int = 0  # γ: prompt-lookup tokens a decode may verify per step
+    drafter: Callable[[list[int], int], list[int]] = lookup_ngram  # (tokens, γ) -> guesses
 
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.max_batch < 1 or self.max_tokens_per_step < 1:
             raise ValueError("max_batch and max_tokens_per_step must be at least 1")
+        if self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0, got {self.speculative_tokens}")
 
 
 @dataclass
@@ -152,9 +164,13 @@ class Scheduler:
         budget = self.config.max_tokens_per_step
         counts = list(self.config.plan(needs, waiting_needs, budget, self.config.max_batch))
         _check_plan(counts, needs, waiting_needs, budget)
+        spare = budget - sum(counts)
         for seq, n in zip(running, counts, strict=False):
-            if n and seq in self.running and self._reserve_or_preempt(seq, n, step):
-                step.work.append((seq, n))
+            if n and seq in self.running:
+                n += self._propose(seq, spare) if n == 1 else 0
+                spare -= len(seq.draft)
+                if self._reserve_or_preempt(seq, n, step):
+                    step.work.append((seq, n))
         for seq, n in zip(waiting, counts[len(running):], strict=False):
             if not (self.waiting and self.waiting[0] is seq and self._start(seq, n, step)):
                 return  # a preempted request is first in the queue now, or no blocks
@@ -165,11 +181,32 @@ class Scheduler:
             self._admit_whole_prompts(step)
             if step.work:
                 return
+        spare = self.config.max_tokens_per_step - len(self.running)
         for seq in list(self.running):
             if seq not in self.running or seq.finished:  # preempted, or seated (lockstep)
                 continue
-            if self._reserve_or_preempt(seq, seq.num_uncomputed, step):
-                step.work.append((seq, seq.num_uncomputed))
+            n = seq.num_uncomputed + self._propose(seq, spare)
+            spare -= len(seq.draft)
+            if self._reserve_or_preempt(seq, n, step):
+                step.work.append((seq, n))
+
+    def _propose(self, seq: Sequence, spare: int) -> int:
+        """Draft up to ``speculative_tokens`` guesses for a decoding sequence, within the
+        ``spare`` token budget, the request's remaining tokens and the blocks others may
+        need; stores them in ``seq.draft`` and returns how many."""
+        seq.draft = []
+        gamma = min(self.config.speculative_tokens, spare,
+                    seq.max_tokens - len(seq.output) - 1)
+        if gamma <= 0 or seq.num_uncomputed != 1 or seq.in_prefill \
+                or seq.params.repetition_penalty != 1.0:  # p would depend on the guesses
+            return 0
+        draft = self.config.drafter(seq.tokens, gamma)[:gamma]
+        extra_blocks = (self.blocks.new_blocks_needed(seq, 1 + len(draft))
+                        - self.blocks.new_blocks_needed(seq, 1))
+        if extra_blocks > self.blocks.num_free - len(self.running):
+            return 0
+        seq.draft = draft
+        return len(draft)
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, step: Step) -> bool:
         """Reserve blocks for ``n`` tokens of ``seq``, preempting the latest running requests
@@ -186,7 +223,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, step: Step) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
-        seq.num_computed, seq.status = 0, Status.WAITING
+        seq.num_computed, seq.status, seq.draft = 0, Status.WAITING, []
         self.waiting.appendleft(seq)
         step.preempted.append(seq)
 
@@ -241,19 +278,29 @@ class Scheduler:
                 return
             budget -= n
 
-    def finish_step(self, step: Step, sampled: dict[int, int], now: float | None = None
+    def finish_step(self, step: Step, sampled: dict[int, list[int]], now: float | None = None
                     ) -> list[Sequence]:
-        """Count the computed tokens, append each sampled token (sequences whose every
-        token is now computed), fork the other samples of a request whose prompt is now in
-        (:meth:`_fork`), release finished sequences. Returns the finished ones."""
+        """Count the computed tokens, append each sequence's new tokens (its accepted draft,
+        then one sampled token, for sequences whose every token is now computed), name its
+        full verified blocks (prefix cache), fork the other samples of a request whose
+        prompt is now in (:meth:`_fork`), release finished sequences. Returns the finished
+        ones."""
         done = []
         for seq, n in step.work:
-            seq.num_computed += n
+            new = sampled.get(seq.id, [])
+            accepted = len(new) - 1 if seq.draft else 0
+            seq.num_computed += n - (len(seq.draft) - accepted)  # rejected guesses do not count
+            seq.num_drafted, seq.num_accepted = seq.num_drafted + len(seq.draft), \
+                seq.num_accepted + accepted
+            seq.draft = []
+            forks = [s for s in seq.unforked_samples if s.id in sampled]
+            for token in new:
+                seq.append(token, now)
+                if seq.finished:  # a stop token among the accepted guesses
+                    break
+            seq.num_computed = min(seq.num_computed, seq.num_tokens)
             self.blocks.commit(seq)
-            if seq.id in sampled:
-                forks = [s for s in seq.unforked_samples if s.id in sampled]
-                seq.append(sampled[seq.id], now)
-                done += [s for s in forks if self._fork(seq, s, sampled[s.id], now).finished]
+            done += [s for s in forks if self._fork(seq, s, sampled[s.id][0], now).finished]
             if seq.finished:
                 done.append(seq)
         if self.config.policy != "continuous":  # lockstep: seats free when all are done

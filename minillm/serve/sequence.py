@@ -10,7 +10,10 @@ in the cache. Everything else is derived from it and from the token list:
   sampled token);
 * in prefill: ``num_computed < num_prompt_tokens``;
 * preempted: its blocks are freed and ``num_computed`` goes back to 0 (recompute);
-* a prefix-cache hit: ``num_computed`` starts at the number of cached tokens.
+* a prefix-cache hit: ``num_computed`` starts at the number of cached tokens;
+* speculative decoding: the step's ``draft`` tokens are computed beside the newest token,
+  but only the accepted ones join ``output`` and count in ``num_computed``; the keys and
+  values of rejected ones lie past it and are overwritten by the next step.
 
 A request for ``n`` samples of one prompt is one sequence with ``n - 1`` more in
 ``samples``. They wait, unforked, until the prompt is computed; then each draws its first
@@ -60,6 +63,9 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)  # when each output token came
     samples: list[Sequence] = field(default_factory=list)  # n > 1: the request's other samples
+    draft: list[int] = field(default_factory=list)  # speculative tokens of this step, unverified
+    num_drafted: int = 0  # speculative tokens proposed over the request's life ...
+    num_accepted: int = 0  # ... and accepted by the target
 
     @property
     def tokens(self) -> list[int]:

@@ -102,7 +102,7 @@ def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig
             continue
         cached = sum(seq.num_computed for seq, _ in step.work)
         clock += cost.step_time(step.num_tokens, cached)
-        sampled = {seq.id: 0 for seq, n in step.work if seq.num_computed + n == seq.num_tokens}
+        sampled = {seq.id: [0] for seq, n in step.work if seq.num_computed + n == seq.num_tokens}
         scheduler.finish_step(step, sampled, now=clock)
         if on_step is not None:
             on_step(clock, step, scheduler)

@@ -125,7 +125,7 @@ def scheduler_steps(lengths: list[int], max_batch: int) -> int:
     steps = 0
     while scheduler.has_work:
         step = scheduler.schedule()
-        scheduler.finish_step(step, {s.id: 5 for s, n in step.work
+        scheduler.finish_step(step, {s.id: [5] for s, n in step.work
                                      if s.num_computed + n == s.num_tokens})
         steps += 1
     return steps

@@ -1,0 +1,155 @@
+"""Speculative decoding inside the serving engine (prompt-lookup guesses verified in the
+decode step): greedy outputs equal ``generate`` alone for every γ and policy, stop tokens
+and ``max_tokens`` inside an accepted run end a request exactly, blocks holding unverified
+tokens are never named in the prefix cache, and nothing leaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm.config import ModelConfig
+from minillm.generate import generate
+from minillm.model import Transformer
+from minillm.sampling import SamplingParams
+from minillm.serve import LLM, SchedulerConfig
+
+CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+# Repetitive prompts: the tiny model soon repeats itself, so prompt lookup guesses right
+# often (the tests check that guesses were both accepted and rejected).
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [5, 6, 7], [9] * 11, list(range(10, 30)),
+           [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [7, 8, 7, 8, 7]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny random model with weights large enough that its greedy tokens vary."""
+    torch.manual_seed(0)
+    model = Transformer(CONFIG).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0, 0.5)
+    return model
+
+
+def alone(model, prompt, params):
+    return generate(model, prompt, params.max_tokens, params)[0]
+
+
+def engine(model, gamma, **config):
+    blocks = config.pop("num_blocks", 96)
+    return LLM(model, block_size=4, num_blocks=blocks,
+               scheduler=SchedulerConfig(speculative_tokens=gamma, **config))
+
+
+@pytest.mark.parametrize("gamma", range(1, 9))
+def test_greedy_outputs_equal_generate_for_every_gamma(model, gamma):
+    llm = engine(model, gamma, max_batch=4)
+    params = SamplingParams(max_tokens=20)
+    outputs = llm.generate(PROMPTS, params, progress=False)
+    assert [o.tokens for o in outputs] == [alone(model, p, params) for p in PROMPTS]
+    seqs = list(llm.requests.values())
+    drafted, accepted = sum(s.num_drafted for s in seqs), sum(s.num_accepted for s in seqs)
+    assert 0 < accepted < drafted  # guesses were made, some kept and some rejected
+    assert llm.free_blocks() == llm.blocks.num_blocks
+
+
+POLICIES = {
+    "chunked prefill": dict(max_batch=4, max_tokens_per_step=8),
+    "whole prefills": dict(max_batch=3, max_tokens_per_step=64, chunked_prefill=False),
+    "static": dict(policy="static", max_batch=3),
+    "random preemption": dict(max_batch=4, max_tokens_per_step=16, random_preemption=0.3,
+                              seed=1),
+    "short pool": dict(max_batch=6, max_tokens_per_step=64, num_blocks=26),
+    "no prefix caching": dict(max_batch=4, prefix_caching=False),
+}
+
+
+@pytest.mark.parametrize("config", POLICIES.values(), ids=POLICIES.keys())
+def test_greedy_outputs_equal_generate_under_every_policy(model, config):
+    config = dict(config)
+    llm = LLM(model, block_size=4, num_blocks=config.pop("num_blocks", 96),
+              prefix_caching=config.pop("prefix_caching", True),
+              scheduler=SchedulerConfig(speculative_tokens=4, **config))
+    params = SamplingParams(max_tokens=16)
+    outputs = llm.generate(PROMPTS, params, progress=False)
+    assert [o.tokens for o in outputs] == [alone(model, p, params) for p in PROMPTS]
+    assert llm.free_blocks() == llm.blocks.num_blocks
+
+
+def test_unverified_tokens_are_never_named_in_the_prefix_cache(model):
+    """After every step, each named block of a running request holds computed, verified
+    tokens only: its token ids are the request's, and it lies below num_computed."""
+    llm = engine(model, 6, max_batch=4)
+    for prompt in PROMPTS:
+        llm.add_request(prompt, SamplingParams(max_tokens=24))
+    size = llm.blocks.block_size
+    while llm.has_work:
+        llm.step()
+        for seq in llm.scheduler.running:
+            assert not seq.draft
+            for i, block_id in enumerate(seq.block_table):
+                block = llm.blocks.blocks[block_id]
+                if block.hash is not None:
+                    assert (i + 1) * size <= seq.num_computed <= seq.num_tokens
+                    assert block.token_ids == tuple(seq.tokens[i * size:(i + 1) * size])
+
+
+def test_prefix_hits_on_blocks_written_by_speculation_change_nothing(model):
+    llm = engine(model, 4, max_batch=2)
+    params = SamplingParams(max_tokens=24)
+    first = llm.generate([PROMPTS[0]], params, progress=False)[0]
+    follow_up = PROMPTS[0] + first.tokens[:-3]  # reuses blocks the first request wrote
+    second = llm.generate([follow_up], SamplingParams(max_tokens=8), progress=False)[0]
+    assert llm.requests[second.request_id].cached_tokens > len(PROMPTS[0])
+    assert second.tokens == alone(model, follow_up, SamplingParams(max_tokens=8))
+
+
+def test_a_stop_token_inside_an_accepted_run_ends_the_request(model):
+    params = SamplingParams(max_tokens=30)
+    for prompt in PROMPTS:
+        plain = alone(model, prompt, params)
+        for stop in set(plain[3:]):
+            llm = engine(model, 8, max_batch=1)
+            stopping = SamplingParams(max_tokens=30, stop_token_ids=(stop,))
+            out = llm.generate([prompt], stopping, progress=False)[0]
+            assert out.tokens == plain[:plain.index(stop) + 1]
+            assert out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 7])
+def test_max_tokens_is_exact(model, max_tokens):
+    llm = engine(model, 8, max_batch=4)
+    params = SamplingParams(max_tokens=max_tokens)
+    outputs = llm.generate(PROMPTS, params, progress=False)
+    assert [o.tokens for o in outputs] == [alone(model, p, params) for p in PROMPTS]
+
+
+def test_sampled_requests_speculate_reproducibly_and_with_samples(model):
+    params = [SamplingParams(temperature=0.8, top_k=10, seed=s, max_tokens=16, n=1 + s % 2)
+              for s in range(len(PROMPTS))]
+    runs = [engine(model, 4, max_batch=8).generate(PROMPTS, params, progress=False)
+            for _ in range(2)]
+    assert [[c.tokens for c in o.outputs] for o in runs[0]] == \
+        [[c.tokens for c in o.outputs] for o in runs[1]]
+    assert all(len(c.tokens) == 16 for o in runs[0] for c in o.outputs)
+
+
+def test_bad_speculative_tokens():
+    with pytest.raises(ValueError, match="speculative_tokens"):
+        SchedulerConfig(speculative_tokens=-1)
+
+
+def test_smollm2_speculative_engine_equals_generate(smollm2, tokenizer):
+    code = "def area(width, height):\n    return width * height\n"
+    prompts = [tokenizer.chat_prompt(f"Rename `width` to `w` in this code:\n\n{code}"),
+               tokenizer.chat_prompt("What is a KV cache? One sentence.")]
+    llm = LLM(smollm2, tokenizer=tokenizer, num_blocks=64,
+              scheduler=SchedulerConfig(max_batch=2, speculative_tokens=4))
+    params = SamplingParams(max_tokens=24)
+    outputs = llm.generate(prompts, params, progress=False)
+    expected = [generate(smollm2, p, 24, stop_tokens=tokenizer.stop_tokens)[0] for p in prompts]
+    assert [o.tokens for o in outputs] == expected
+    assert llm.requests[outputs[0].request_id].num_accepted > 0
