@@ -4,6 +4,8 @@
     python benchmarks/speculative.py --gamma 2 4 8   # a gamma sweep
     python benchmarks/speculative.py --draft ~/.cache/minillm/drafts/smollm2-4l-kd
         # adds rows for a draft model (e.g. one made by `minillm distill`)
+    python benchmarks/speculative.py --engine
+        # the serving engine with and without SchedulerConfig(speculative_tokens=gamma)
 
 Each prompt is decoded greedily twice by the same engine path (eager, contiguous KV
 cache): plainly with ``generate``, and with ``speculative_generate`` drafting ``gamma``
@@ -22,6 +24,11 @@ tokens costs more), and the measured wall-clock speedup. With ``--draft``, each 
 also gets rows drafted by that model (its cost c, the bytes it reads per step over the
 target's, is printed once), and the predicted speedup of Leviathan et al. 2023 (eq. 1 and
 Theorem 3.8): E[tokens per call] / (gamma c + 1), with the measured alpha.
+
+With ``--engine`` the same prompts go through the serving engine (``minillm.serve.LLM``),
+one request at a time and then all together (max batch 8), with prompt-lookup speculation
+in the decode steps and without it: the speedup is over the same engine, and the tokens
+per step are output tokens over engine steps (prefill steps included).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ import torch
 from minillm import Tokenizer, generate, load_model
 from minillm.draft import draft_cost
 from minillm.sampling import SamplingParams
-from minillm.speculative import DraftModel, PromptLookup, speculative_generate
+from minillm.serve import LLM, SchedulerConfig
+from minillm.speculative import DraftModel, PromptLookup, lookup_ngram, speculative_generate
 from minillm.task_prompts import task_prompts
 
 
@@ -69,6 +77,42 @@ def speculate(model, make_proposer, prompt, new_tokens, gamma, stop):
                                 stop_tokens=stop)
 
 
+def serve(model, tokenizer, prompts, new_tokens, gamma=0, min_ngram=1, max_batch=1):
+    """Run ``prompts`` through a fresh engine; returns (outputs, engine steps, requests)."""
+    config = SchedulerConfig(max_batch=max_batch, speculative_tokens=gamma,
+                             drafter=partial(lookup_ngram, min_ngram=min_ngram))
+    llm = LLM(model, tokenizer=tokenizer, scheduler=config, num_blocks=256)
+    seqs = [llm.add_request(p, SamplingParams(max_tokens=new_tokens)) for p in prompts]
+    steps = 0
+    while llm.has_work:
+        llm.step()
+        steps += 1
+    return [seq.output for seq in seqs], steps, seqs
+
+
+def engine_table(args, model, tokenizer) -> None:
+    """Engine rows: each prompt alone, then all of them in one batch."""
+    print("| prompt | kind | min n-gram | gamma | alpha | tokens per step | speedup | "
+          "plain tok/s | same tokens |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    tasks = task_prompts(tokenizer)
+    groups = [(name, kind, [prompt], 1) for kind, name, prompt in tasks]
+    groups.append(("all six together", "mixed", [p for _, _, p in tasks], 8))
+    for name, kind, prompts, batch in groups:
+        plain_seconds, (plain, _, _) = timed(args.repeats, serve, model, tokenizer, prompts,
+                                             args.new_tokens, max_batch=batch)
+        generated = sum(len(out) for out in plain)
+        for gamma, n in itertools.product(args.gamma, args.min_ngram):
+            seconds, (outputs, steps, seqs) = timed(args.repeats, serve, model, tokenizer,
+                                                    prompts, args.new_tokens, gamma, n, batch)
+            drafted = sum(s.num_drafted for s in seqs)
+            alpha = sum(s.num_accepted for s in seqs) / drafted if drafted else 0.0
+            same = "yes" if outputs == plain else "NO"
+            print(f"| {name} | {kind} | {n} | {gamma} | {alpha:.2f} | "
+                  f"{generated / steps:.2f} | {plain_seconds / seconds:.2f}x | "
+                  f"{generated / plain_seconds:.1f} | {same} ({generated} tokens) |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -79,9 +123,14 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--draft", default=None, help="a draft checkpoint to add rows for")
     parser.add_argument("--no-lookup", action="store_true", help="only the draft's rows")
+    parser.add_argument("--engine", action="store_true",
+                        help="the serving engine with and without speculation instead")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tokenizer, model = Tokenizer("smollm2"), load_model("smollm2")
+    if args.engine:
+        engine_table(args, model, tokenizer)
+        return
     draft = load_model(args.draft) if args.draft else None
     if draft is not None:
         print(f"draft {args.draft}: {draft.config.num_layers} layers, cost c = "

@@ -153,3 +153,11 @@ def test_smollm2_speculative_engine_equals_generate(smollm2, tokenizer):
     expected = [generate(smollm2, p, 24, stop_tokens=tokenizer.stop_tokens)[0] for p in prompts]
     assert [o.tokens for o in outputs] == expected
     assert llm.requests[outputs[0].request_id].num_accepted > 0
+
+
+def test_streaming_yields_every_accepted_token(model):
+    llm = engine(model, 4, max_batch=2)
+    params = SamplingParams(max_tokens=20)
+    for prompt in PROMPTS[:3]:
+        assert list(llm.stream(prompt, params)) == alone(model, prompt, params)
+    assert llm.free_blocks() == llm.blocks.num_blocks

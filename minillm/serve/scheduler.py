@@ -290,15 +290,15 @@ class Scheduler:
             new = sampled.get(seq.id, [])
             accepted = len(new) - 1 if seq.draft else 0
             seq.num_computed += n - (len(seq.draft) - accepted)  # rejected guesses do not count
-            seq.num_drafted, seq.num_accepted = seq.num_drafted + len(seq.draft), \
-                seq.num_accepted + accepted
+            seq.num_drafted += len(seq.draft)
+            seq.num_accepted += accepted
             seq.draft = []
             forks = [s for s in seq.unforked_samples if s.id in sampled]
             for token in new:
                 seq.append(token, now)
-                if seq.finished:  # a stop token among the accepted guesses
+                if seq.finished:  # a stop token among the accepted guesses: drop the rest
+                    seq.num_computed = min(seq.num_computed, seq.num_tokens)
                     break
-            seq.num_computed = min(seq.num_computed, seq.num_tokens)
             self.blocks.commit(seq)
             done += [s for s in forks if self._fork(seq, s, sampled[s.id][0], now).finished]
             if seq.finished:
