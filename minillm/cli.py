@@ -294,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", default="smollm2",
                        help="checkpoint dir, hub id, or smollm2 (default)")
         p.add_argument("--backend", default="sdpa", help="attention backend: sdpa, naive, ...")
+        p.add_argument("--int8-activations", action="store_true",
+                       help="with per-channel int8 weights: round activations to int8 too and "
+                            "multiply in integers; decode steps run in C++ (minillm's "
+                            "kernels, built on first use; fastest, slightly less accurate)")
 
     gen = sub.add_parser("generate", help="continue a prompt, or answer it with --chat")
     gen.add_argument("prompt")
@@ -311,10 +315,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                      help="torch.compile the decode step (default: for quantized models, "
                           "whose fast path it is; the first compile takes a minute or two)")
-    gen.add_argument("--int8-activations", action="store_true",
-                     help="with per-channel int8 weights: round activations to int8 too and "
-                          "multiply in integers; decode steps run in C++ (minillm's kernels, "
-                          "built on first use; fastest, slightly less accurate)")
     gen.set_defaults(func=cmd_generate)
 
     ppl = sub.add_parser("perplexity", help="perplexity on a fixed corpus split")

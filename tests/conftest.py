@@ -41,6 +41,20 @@ def tiny_pair(tmp_path, seed: int = 0, **overrides):
     return load_model(tmp_path), hf
 
 
+def varied_random_model(config: ModelConfig, seed: int = 0):
+    """A tiny random model with weights large enough that its greedy tokens vary (a default
+    initialisation predicts nearly the same token everywhere)."""
+    from minillm.model import Transformer
+
+    torch.manual_seed(seed)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0, 0.5)
+    return model
+
+
 @pytest.fixture
 def tiny_models(tmp_path):
     return tiny_pair(tmp_path)

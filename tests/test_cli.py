@@ -11,7 +11,9 @@ import sys
 import pytest
 
 from conftest import tiny_pair
+from minillm.checkpoint import resolve_checkpoint
 from minillm.cli import main
+from minillm.quant.checkpoint import copy_tokenizer_files
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -186,3 +188,12 @@ def test_distill_saves_a_draft_that_loads_resumes_and_reports_agreement(capsys, 
     code, _, err = run_cli(capsys, "distill", str(tmp_path / "bad"), "--teacher",
                            str(teacher_dir), "--layers", "0,7")
     assert code == 2 and "keep must name layers in 0..2" in err
+
+
+def test_perplexity_scores_a_checkpoint(capsys, tmp_path, tokenizer):
+    tiny_pair(tmp_path, vocab_size=tokenizer.vocab_size)
+    copy_tokenizer_files(resolve_checkpoint("smollm2"), tmp_path)
+    code, out, _ = run_cli(capsys, "perplexity", "--model", str(tmp_path), "--window", "32",
+                           "--max-windows", "2")
+    assert code == 0
+    assert out.startswith("wikipedia/eval: perplexity ") and "in 2 windows of 32" in out

@@ -6,11 +6,10 @@ tokens are never named in the prefix cache, and nothing leaks."""
 from __future__ import annotations
 
 import pytest
-import torch
 
+from conftest import varied_random_model
 from minillm.config import ModelConfig
 from minillm.generate import generate
-from minillm.model import Transformer
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 
@@ -24,14 +23,7 @@ PROMPTS = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [5, 6, 7], [9] * 11, list(range(10, 3
 
 @pytest.fixture(scope="module")
 def model():
-    """A tiny random model with weights large enough that its greedy tokens vary."""
-    torch.manual_seed(0)
-    model = Transformer(CONFIG).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0, 0.5)
-    return model
+    return varied_random_model(CONFIG)
 
 
 def alone(model, prompt, params):

@@ -10,13 +10,12 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
+from conftest import varied_random_model
 from minillm.attention.paged import slot_mapping as library_slot_mapping
 from minillm.config import ModelConfig
 from minillm.generate import generate
 from minillm.grading import load_impl
-from minillm.model import Transformer
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.block_manager import BlockManager, OutOfBlocks
@@ -222,14 +221,7 @@ PARAMS = SamplingParams(max_tokens=8)
 
 @pytest.fixture(scope="module")
 def model():
-    """A tiny random model with weights large enough that its greedy tokens vary."""
-    torch.manual_seed(0)
-    model = Transformer(CONFIG).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0, 0.5)
-    return model
+    return varied_random_model(CONFIG)
 
 
 class YourPrefixHashes(BlockManager):
