@@ -6,12 +6,14 @@ tokens are never named in the prefix cache, and nothing leaks."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import varied_random_model
 from minillm.config import ModelConfig
 from minillm.generate import generate
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
+from minillm.speculative import probabilities
 
 CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
@@ -153,3 +155,24 @@ def test_streaming_yields_every_accepted_token(model):
     for prompt in PROMPTS[:3]:
         assert list(llm.stream(prompt, params)) == alone(model, prompt, params)
     assert llm.free_blocks() == llm.blocks.num_blocks
+
+
+def test_sampled_speculation_keeps_the_targets_distribution(model):
+    """8,000 seeded requests for 3 tokens (temperature 1): the second token is drawn through
+    a verification whenever prompt lookup had a guess. Its empirical distribution must be
+    the exact marginal sum_t1 p(t1) p(t2 | t1) (TV 0.019 measured, sampling noise ~0.02)."""
+    prompt, params = list(range(1, 9)) * 2, SamplingParams(temperature=1.0)
+    with torch.no_grad():
+        first = probabilities(model(torch.tensor([prompt]))[0, -1], params)
+        after = model(torch.tensor([prompt + [t] for t in range(CONFIG.vocab_size)]))[:, -1]
+        second = (first[:, None] * probabilities(after, params)).sum(0)
+    llm = LLM(model, block_size=16, num_blocks=16_010,
+              scheduler=SchedulerConfig(max_batch=512, max_tokens_per_step=8192,
+                                        speculative_tokens=4))
+    seqs = [llm.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3))
+            for i in range(8000)]
+    while llm.has_work:
+        llm.step()
+    drawn = torch.bincount(torch.tensor([s.output[1] for s in seqs]), minlength=32) / 8000
+    assert sum(s.num_drafted for s in seqs) > 1000  # a quarter of them had a guess verified
+    assert 0.5 * float((drawn - second).abs().sum()) < 0.04
