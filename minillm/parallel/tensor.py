@@ -3,39 +3,54 @@
 Each of ``t`` processes keeps a slice of every weight and computes with it; an all-reduce
 puts the pieces back together where the math needs the whole. For a linear y = x Wᵀ:
 
-* **column-parallel** (W split by output rows): rank r computes y[..., its columns] from
-  the whole x — no communication; used for q/k/v and for gate/up;
-* **row-parallel** (W split by input columns): rank r computes a partial sum from its
-  slice of x; the all-reduce (sum) gives y — used for o_proj and down_proj, right after
-  the column-parallel layer whose output slice is exactly its input slice.
+* **column-parallel** (W split by output rows, ``dim=0``): rank r computes y[..., its
+  columns] from the whole x — no communication; used for q/k/v and for gate/up;
+* **row-parallel** (W split by input columns, ``dim=1``): rank r computes a partial sum
+  from its slice of x, and summing over ranks gives y — used for o_proj and down_proj,
+  right after the column-parallel layer whose output slice is exactly their input slice.
 
-So attention and the MLP each cost one all-reduce per layer (Megatron §3): two per block.
+So attention and the MLP each cost one all-reduce (Megatron §3, eq. 3): two per block,
+on the outputs of :class:`Attention` and :class:`MLP`. The sharded layers stay ordinary
+layers (an ``nn.Linear`` keeps being one, a quantized ``QuantLinear`` too); the all-reduce
+is a forward hook on the attention and MLP modules, so this file changes what each rank
+*stores*, never how the model is written.
+
 Attention splits by **KV-head groups**: rank r keeps KV heads [r·g, (r+1)·g) and the query
 heads that read them, so each rank's attention is ordinary GQA on its own heads. SmolLM2
-(9 query, 3 KV heads) therefore splits 3 ways, not 2.
+(9 query, 3 KV heads) therefore splits 3 ways, not 2. On 2 ranks, ``shard_attention=False``
+keeps attention whole on every rank (each computes it redundantly, no all-reduce) and
+shards only the MLP and the vocabulary — 61% of the block's weights.
 
 The vocabulary splits too: rank r keeps the embedding rows of tokens [r·V/t, (r+1)·V/t);
 a lookup zeroes the tokens it does not own and an all-reduce completes it. The tied LM
 head is the same shard (logits for its own tokens), and an all-gather joins the logits.
-A row-parallel bias is added by rank 0 only, so the sum counts it once.
+A row-parallel bias is kept by rank 0 only, so the sum counts it once.
 
-:func:`tensor_parallel` transforms a loaded model in place on every rank (each rank loads
-the checkpoint, then keeps its slice); every all-reduce and all-gather goes through
-:func:`all_reduce` / :func:`all_gather_last`, which count them (:data:`COLLECTIVES`).
+:func:`tensor_parallel` transforms a loaded model in place on every rank;
+:func:`minillm.parallel.loading.load_shard` builds the same rank model reading only its
+slice of the safetensors file. Every collective goes through :func:`all_reduce` /
+:func:`all_gather_last`, which count them (:data:`COLLECTIVES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..model import Transformer
+from ..quant.basic import Quantized
+from ..quant.qlinear import QuantLinear
 
 COLLECTIVES: Counter = Counter()  # "all_reduce" / "all_gather" calls on this rank
+ShardWeight = Callable[[torch.Tensor, int, int, int], torch.Tensor]
+
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -53,74 +68,104 @@ def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def shard_weight(weight: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s contiguous slice of ``weight`` along ``dim`` (one of ``world`` equal
+    parts), as its own tensor: what the rank keeps when the rest is freed."""
+    size = weight.shape[dim]
+    if size % world:
+        raise ValueError(f"{size} rows do not split into {world} equal shards")
+    part = size // world
+    return weight.narrow(dim, rank * part, part).clone()
+
+
 def check_split(num_heads: int, num_kv_heads: int, intermediate: int, vocab: int,
-                world: int) -> None:
+                world: int, shard_attention: bool = True) -> None:
     """Refuse, with the reason, a model that does not split evenly ``world`` ways."""
-    for what, size in (("KV heads", num_kv_heads), ("query heads", num_heads),
-                       ("MLP columns", intermediate), ("vocabulary rows", vocab)):
+    if world < 1:
+        raise ValueError(f"the world size must be at least 1, got {world}")
+    sizes = [("MLP columns", intermediate), ("vocabulary rows", vocab)]
+    if shard_attention:
+        sizes = [("KV heads", num_kv_heads), ("query heads", num_heads), *sizes]
+    for what, size in sizes:
         if size % world:
+            hint = (" or keep attention whole with shard_attention=False"
+                    if what.endswith("heads") else "")
             raise ValueError(f"tensor parallelism over {world} ranks needs the {what} "
                              f"({size}) to divide evenly; choose a world size that divides "
-                             f"{size}")
+                             f"{size}{hint}")
 
 
-def _rows(weight: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Output rows (dim 0) of ``weight`` owned by ``rank``."""
-    return weight.chunk(world, dim=0)[rank].clone()
+def _quantized_shard(layer: QuantLinear, dim: int, rank: int, world: int,
+                     shard: ShardWeight) -> QuantLinear:
+    """A quantized layer's slice: codes by rows or columns, with their scales and zeros. A
+    column slice must hold whole quantization groups; one scale per row (or per tensor)
+    is shared by every column slice."""
+    scheme = layer.scheme
+    codes, scales, zeros = layer.codes_unpacked(), layer.scales.float(), layer.zeros.float()
+    if scheme.symmetric:  # back to signed codes (QuantLinear stores them shifted)
+        half = 2 ** (scheme.bits - 1)
+        codes, zeros = (codes.to(torch.int16) - half).to(torch.int8), zeros - half
+    group = layer.in_features if scheme.per_tensor else \
+        min(scheme.group_size or layer.in_features, layer.in_features)
+    if dim == 1 and (layer.in_features // world) % group and group != layer.in_features:
+        raise ValueError(f"a row-parallel shard of {layer.in_features // world} input columns "
+                         f"must hold whole quantization groups of {group}; quantize with a "
+                         "group size that divides it (e.g. 64) or per channel")
+    if not scheme.per_tensor and (dim == 0 or group != layer.in_features):
+        scales, zeros = shard(scales, dim, rank, world), shard(zeros, dim, rank, world)
+    quantized = Quantized(shard(codes, dim, rank, world), scales, zeros, scheme)
+    return QuantLinear(quantized, _bias_shard(layer.bias, dim, rank, world, shard))
 
 
-class ColumnParallelLinear(nn.Linear):
-    """A slice of a linear's output features: y[..., shard] = x W[shard]ᵀ (+ b[shard])."""
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int, world: int) -> ColumnParallelLinear:
-        layer = cls(linear.in_features, linear.out_features // world,
-                    bias=linear.bias is not None)
-        with torch.no_grad():
-            layer.weight.copy_(_rows(linear.weight, rank, world))
-            if linear.bias is not None:
-                layer.bias.copy_(_rows(linear.bias, rank, world))
-        return layer.to(linear.weight.dtype)
+def _bias_shard(bias, dim: int, rank: int, world: int, shard: ShardWeight):
+    if bias is None:
+        return None
+    if dim == 0:
+        return shard(bias.detach(), 0, rank, world)
+    return bias.detach().clone() if rank == 0 else torch.zeros_like(bias)  # added once
 
 
-class RowParallelLinear(nn.Linear):
-    """A slice of a linear's input features; the partial products are summed over ranks."""
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int, world: int) -> RowParallelLinear:
-        layer = cls(linear.in_features // world, linear.out_features,
-                    bias=linear.bias is not None)
-        with torch.no_grad():
-            layer.weight.copy_(_rows(linear.weight.T, rank, world).T)
-            if linear.bias is not None:  # added once: by rank 0
-                layer.bias.copy_(linear.bias if rank == 0 else torch.zeros_like(linear.bias))
-        return layer.to(linear.weight.dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(super().forward(x))
+def shard_linear(layer: nn.Module, dim: int, rank: int, world: int,
+                 shard: ShardWeight = shard_weight) -> nn.Module:
+    """The same kind of layer holding rank ``rank``'s slice: output rows (``dim=0``,
+    column-parallel) or input columns (``dim=1``, row-parallel; its bias on rank 0 only)."""
+    if isinstance(layer, QuantLinear):
+        return _quantized_shard(layer, dim, rank, world, shard)
+    if type(layer) is not nn.Linear:
+        raise TypeError(f"cannot shard a {type(layer).__name__}: tensor parallelism handles "
+                        "nn.Linear and QuantLinear layers (shard before other transformations)")
+    weight = shard(layer.weight.detach(), dim, rank, world)
+    sharded = nn.Linear(weight.shape[1], weight.shape[0], bias=layer.bias is not None,
+                        device="meta").to(weight.dtype)
+    sharded.weight = nn.Parameter(weight, requires_grad=False)
+    if layer.bias is not None:
+        sharded.bias = nn.Parameter(_bias_shard(layer.bias, dim, rank, world, shard),
+                                    requires_grad=False)
+    return sharded
 
 
 class VocabParallelEmbedding(nn.Module):
     """Embedding rows of the tokens [start, start + rows); other tokens look up zeros, and
     the all-reduce fills them in from their owners."""
 
-    def __init__(self, embedding: nn.Embedding, rank: int, world: int):
+    def __init__(self, weight: torch.Tensor, rank: int):
         super().__init__()
-        self.rows = embedding.num_embeddings // world
+        self.rows = weight.shape[0]
         self.start = rank * self.rows
-        self.weight = nn.Parameter(_rows(embedding.weight.detach(), rank, world))
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.reduce = all_reduce  # sequence parallelism swaps in a reduce-scatter
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         local = token_ids - self.start
         owned = (local >= 0) & (local < self.rows)
         x = nn.functional.embedding(local.clamp(0, self.rows - 1), self.weight)
-        return all_reduce(x * owned[..., None])
+        return self.reduce(x * owned[..., None])
 
 
 class VocabParallelHead(nn.Module):
     """Logits of this rank's tokens, gathered into the full vocabulary."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: nn.Parameter):
         super().__init__()
         self.weight = weight  # the embedding shard's parameter when they are tied
 
@@ -128,35 +173,51 @@ class VocabParallelHead(nn.Module):
         return all_gather_last(x @ self.weight.T)
 
 
-def tensor_parallel(model: Transformer, rank: int | None = None,
-                    world: int | None = None) -> Transformer:
+def _reduce_output(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook: the module's output is a partial sum on each rank; sum it."""
+    return all_reduce(output)
+
+
+def _shard_module(module: nn.Module, rank: int, world: int, shard: ShardWeight) -> None:
+    """Shard an Attention or MLP module's linears and all-reduce its output (the hook's
+    handle is ``module.output_all_reduce``: sequence parallelism replaces it)."""
+    for name in COLUMN_PARALLEL + ROW_PARALLEL:
+        if hasattr(module, name):
+            dim = 0 if name in COLUMN_PARALLEL else 1
+            setattr(module, name, shard_linear(getattr(module, name), dim, rank, world, shard))
+    module.output_all_reduce = module.register_forward_hook(_reduce_output)
+
+
+def tensor_parallel(model: Transformer, rank: int | None = None, world: int | None = None,
+                    *, shard_attention: bool = True,
+                    shard: ShardWeight = shard_weight) -> Transformer:
     """Keep this rank's slice of every weight of ``model`` (in place) and wire in the
-    collectives; ``rank`` / ``world`` default to the initialised process group's. The
-    model's ``config`` becomes the rank's: its query and KV heads (so KV caches are sized
+    collectives; ``rank`` / ``world`` default to the initialised process group's.
+
+    ``shard(weight, dim, rank, world)`` cuts every tensor (pass your own to check it). The
+    model's ``config`` becomes the rank's — its query and KV heads (so KV caches are sized
     from them) and its MLP width."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
     config = model.config
     check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
-                config.vocab_size, world)
+                config.vocab_size, world, shard_attention)
+    heads = config.num_heads // world if shard_attention else config.num_heads
+    kv_heads = config.num_kv_heads // world if shard_attention else config.num_kv_heads
     for block in model.layers:
-        attn, mlp = block.attn, block.mlp
-        if attn.qkv_proj is not None or mlp.gate_up_proj is not None:
+        if block.attn.qkv_proj is not None or block.mlp.gate_up_proj is not None:
             raise ValueError("shard the model before fuse_projections()")
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(attn, name, ColumnParallelLinear.from_linear(getattr(attn, name), rank,
-                                                                 world))
-        attn.o_proj = RowParallelLinear.from_linear(attn.o_proj, rank, world)
-        attn.num_heads, attn.num_kv_heads = config.num_heads // world, config.num_kv_heads // world
-        mlp.gate_proj = ColumnParallelLinear.from_linear(mlp.gate_proj, rank, world)
-        mlp.up_proj = ColumnParallelLinear.from_linear(mlp.up_proj, rank, world)
-        mlp.down_proj = RowParallelLinear.from_linear(mlp.down_proj, rank, world)
+        if shard_attention:
+            _shard_module(block.attn, rank, world, shard)
+            block.attn.num_heads, block.attn.num_kv_heads = heads, kv_heads
+        _shard_module(block.mlp, rank, world, shard)
     tied = model.lm_head.weight is model.embed_tokens.weight
     head = model.lm_head.weight.detach()
-    model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, rank, world)
-    model.lm_head = VocabParallelHead(model.embed_tokens.weight if tied
-                                      else nn.Parameter(_rows(head, rank, world)))
-    model.config = dataclasses.replace(config, num_heads=config.num_heads // world,
-                                       num_kv_heads=config.num_kv_heads // world,
+    model.embed_tokens = VocabParallelEmbedding(
+        shard(model.embed_tokens.weight.detach(), 0, rank, world), rank)
+    model.lm_head = VocabParallelHead(model.embed_tokens.weight if tied else
+                                      nn.Parameter(shard(head, 0, rank, world),
+                                                   requires_grad=False))
+    model.config = dataclasses.replace(config, num_heads=heads, num_kv_heads=kv_heads,
                                        intermediate_size=config.intermediate_size // world)
     return model

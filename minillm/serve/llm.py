@@ -17,11 +17,17 @@ Bad requests do not take the batch down: an empty prompt, a prompt longer than t
 context, or a request that needs more KV blocks than the whole pool finishes at once with
 ``finish_reason`` "error" and a message; the other requests go on.
 
+``tensor_parallel_size=t`` runs the model's forward passes on ``t`` processes, each holding
+a shard of every weight (:mod:`minillm.parallel.engine`); ``close()`` (or ``with LLM(...)``)
+stops them.
+
 Its parts can be swapped for your own (the course's "your code in the engine"):
 ``block_manager=`` a :class:`~.block_manager.BlockManager` (or subclass) instance,
 ``slot_mapping=`` the function that places new keys and values in the pool
 (:class:`~.runner.ModelRunner`), and ``SchedulerConfig(plan=...)`` the function that splits
-a step's token budget (:func:`~.scheduler.plan_chunked_step`).
+a step's token budget (:func:`~.scheduler.plan_chunked_step`), and ``shard_weight=`` the
+function that cuts each weight for tensor parallelism
+(:func:`~minillm.parallel.tensor.shard_weight`).
 """
 
 from __future__ import annotations
@@ -33,8 +39,11 @@ from dataclasses import dataclass, field, replace
 from tqdm.auto import tqdm
 
 from ..attention.paged import slot_mapping as default_slot_mapping
+from ..checkpoint import load_model
 from ..model import Transformer
+from ..parallel.tensor import ShardWeight
 from ..sampling import SamplingParams
+from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .runner import ModelRunner, SlotMapping
 from .scheduler import Scheduler, SchedulerConfig
@@ -74,21 +83,47 @@ class LLM:
                  num_blocks: int = 1024, prefix_caching: bool = True,
                  scheduler: SchedulerConfig | None = None, tokenizer=None,
                  block_manager: BlockManager | None = None,
-                 slot_mapping: SlotMapping = default_slot_mapping):
-        if isinstance(model, Transformer):
-            self.model, self.tokenizer = model, tokenizer
-        else:
-            from ..checkpoint import load_model
-            from ..tokenizer import Tokenizer
-
-            self.model = load_model(model)
-            self.tokenizer = tokenizer or Tokenizer(model)
+                 slot_mapping: SlotMapping = default_slot_mapping,
+                 tensor_parallel_size: int = 1, shard_attention: bool = True,
+                 shard_weight: ShardWeight | None = None):
         self.blocks = block_manager or BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(scheduler or SchedulerConfig(), self.blocks)
-        self.runner = ModelRunner(self.model, self.blocks.num_blocks, self.blocks.block_size,
-                                  slot_mapping)
+        if tensor_parallel_size > 1:
+            self.runner = self._parallel_runner(model, tensor_parallel_size, slot_mapping,
+                                                shard_attention, shard_weight)
+            self.model = self.runner.model
+        else:
+            self.model = model if isinstance(model, Transformer) else load_model(model)
+            self.runner = ModelRunner(self.model, self.blocks.num_blocks,
+                                      self.blocks.block_size, slot_mapping)
+        if tokenizer is None and not isinstance(model, Transformer):
+            tokenizer = Tokenizer(model)
+        self.tokenizer = tokenizer
         self.requests: dict[int, Sequence] = {}
         self.last_step_tokens = 0
+
+    def _parallel_runner(self, model, world: int, slot_mapping: SlotMapping,
+                         shard_attention: bool, shard_weight: ShardWeight | None
+                         ) -> ModelRunner:
+        """Rank 0's runner of ``world`` tensor-parallel processes (chapter 14)."""
+        from ..parallel.engine import TensorParallelRunner
+
+        if isinstance(model, Transformer):
+            raise ValueError("with tensor_parallel_size > 1 every process loads its own shard: "
+                             "pass the checkpoint's name or path, not a loaded model")
+        return TensorParallelRunner(model, world, self.blocks.num_blocks,
+                                    self.blocks.block_size, slot_mapping,
+                                    shard_attention=shard_attention, shard=shard_weight)
+
+    def close(self) -> None:
+        """Release the engine's processes (tensor parallelism); the engine is unusable after."""
+        self.runner.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- requests -----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ the pool (:func:`minillm.attention.paged.slot_mapping`); chapter 12 passes the l
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -34,6 +35,17 @@ from .scheduler import Step
 from .sequence import Sequence
 
 SlotMapping = Callable[[list[int], int, int, int], list[int]]
+
+
+@dataclass
+class FlatBatch:
+    """Everything one forward pass of the engine needs, sampling aside."""
+
+    copies: list[tuple[int, int]]  # copy-on-write block copies to do first
+    token_ids: torch.Tensor  # [tokens] the new tokens of every sequence, in order
+    positions: torch.Tensor  # [tokens] each token's position in its sequence
+    logits_at: torch.Tensor  # [rows] the tokens whose next-token logits are wanted
+    metadata: AttentionMetadata
 
 
 class ModelRunner:
@@ -51,7 +63,6 @@ class ModelRunner:
     def run(self, step: Step) -> dict[int, list[int]]:
         """Compute the step's tokens; returns {sequence id: its new tokens} (one sampled
         token, after the accepted guesses of a speculative decode)."""
-        self.cache.copy_blocks(step.copies)
         tokens, positions, slots, rows, sampled = [], [], [], [], []
         for seq, n in step.work:
             start = seq.num_computed
@@ -62,10 +73,11 @@ class ModelRunner:
                 rows += range(len(tokens) - 1 - len(seq.draft), len(tokens))
                 sampled.append(seq)
         device = self.model.device
-        self.cache.metadata = self._metadata(step, slots, device)
-        logits = self.model.forward_flat(torch.tensor(tokens, device=device),
-                                         torch.tensor(positions, device=device), self.cache,
-                                         torch.tensor(rows, dtype=torch.long, device=device))
+        logits = self.forward(FlatBatch(
+            step.copies, torch.tensor(tokens, device=device),
+            torch.tensor(positions, device=device),
+            torch.tensor(rows, dtype=torch.long, device=device),
+            self._metadata(step, slots, device)))
         new, first = {}, 0
         for seq in sampled:
             own = logits[first:first + 1 + len(seq.draft)]
@@ -74,6 +86,16 @@ class ModelRunner:
             if not seq.output:  # its prompt is in: its other samples draw from the same logits
                 new |= {s.id: [self._sample(s, own[0])] for s in seq.unforked_samples}
         return new
+
+    @torch.inference_mode()
+    def forward(self, batch: FlatBatch) -> torch.Tensor:
+        """One forward pass over ``batch``: its cache copies, then the model; logits at
+        ``batch.logits_at``. (Under tensor parallelism every rank runs this with the same
+        batch: :mod:`minillm.parallel.engine`.)"""
+        self.cache.copy_blocks(batch.copies)
+        self.cache.metadata = batch.metadata
+        return self.model.forward_flat(batch.token_ids, batch.positions, self.cache,
+                                       batch.logits_at)
 
     def _metadata(self, step: Step, slots: list[int], device) -> AttentionMetadata:
         tables = [seq.block_table for seq, _ in step.work]
@@ -109,6 +131,9 @@ class ModelRunner:
             accepted, extra = (int(x[0]) for x in verify(p[None], q, draft,
                                                          self._generator(seq, logits.device)))
         return seq.draft[:accepted] + [extra]
+
+    def close(self) -> None:
+        """Release what the runner holds beyond memory (one process: nothing)."""
 
     def forget(self, seq: Sequence) -> None:
         """Drop a finished sequence's generator."""
