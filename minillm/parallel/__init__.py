@@ -1,5 +1,18 @@
-"""Parallelism on torch.distributed (chapter 14): tensor parallelism so far."""
+"""Parallelism on torch.distributed (chapter 14).
 
-from .tensor import COLLECTIVES, tensor_parallel
+* :mod:`.tensor` — tensor parallelism as a transformation of the plain model (Megatron);
+* :mod:`.loading` — each rank reads only its shard of the checkpoint;
+* :mod:`.engine` — the serving engine on several processes (``LLM(tensor_parallel_size=N)``);
+* :mod:`.sequence` — sequence parallelism over the norm regions (Korthikanti et al.);
+* :mod:`.pipeline` — pipeline stages, GPipe and 1F1B schedules, the bubble;
+* :mod:`.cost` — communication volume and time on real interconnects;
+* :mod:`.launch` / :mod:`.programs` — starting ranks, and what they run in the chapter.
+"""
 
-__all__ = ["COLLECTIVES", "tensor_parallel"]
+from .loading import load_shard
+from .pipeline import pipeline_forward, pipeline_stage, schedule
+from .sequence import sequence_parallel
+from .tensor import COLLECTIVES, shard_weight, tensor_parallel
+
+__all__ = ["COLLECTIVES", "load_shard", "pipeline_forward", "pipeline_stage", "schedule",
+           "sequence_parallel", "shard_weight", "tensor_parallel"]

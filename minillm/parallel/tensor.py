@@ -199,6 +199,11 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
     from them) and its MLP width."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
+    if dist.is_initialized() and world != dist.get_world_size():
+        raise ValueError(f"asked for {world} shards but the process group has "
+                         f"{dist.get_world_size()} ranks; shard over the group's size")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not one of the {world} ranks 0..{world - 1}")
     config = model.config
     check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
                 config.vocab_size, world, shard_attention)

@@ -1,0 +1,151 @@
+"""Chapter 14: parallelism — cutting weights into tensor-parallel shards, where the MLP's
+all-reduce goes, the GPipe bubble, and the bytes a tensor-parallel rank sends per token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def shard_weight(weight: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
+    """Exercise 14.1: Rank ``rank``'s contiguous slice of a weight along ``dim``, as a copy.
+
+    Tensor parallelism over ``world`` ranks keeps one of ``world`` equal, consecutive parts
+    of every weight on each rank. For an ``nn.Linear`` weight [out, in] (y = x Wᵀ):
+    ``dim=0`` cuts the output rows (column-parallel: rank r computes its own slice of y
+    from the whole x), ``dim=1`` the input columns (row-parallel: rank r computes a
+    partial sum of y from its slice of x). With ``part = size / world``, rank r keeps
+    indices [r·part, (r + 1)·part) along ``dim``; a 1-D bias is cut along dim 0.
+
+    The result must be a tensor of its own (same dtype), not a view: a view keeps the
+    whole weight's storage alive, and the point of sharding is that the rank frees the
+    rest. A size that does not divide by ``world`` raises ValueError saying so (uneven
+    shards would break the equal split the collectives rely on).
+    """
+    ### BEGIN SOLUTION
+    size = weight.shape[dim]
+    if size % world:
+        raise ValueError(f"a size of {size} along dim {dim} does not split into {world} "
+                         f"equal shards; use a world size that divides {size}")
+    part = size // world
+    return weight.narrow(dim, rank * part, part).clone()
+    ### END SOLUTION
+
+
+def unshard(shards: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """Exercise 14.1: The whole weight again from every rank's shard (in rank order).
+
+    The inverse of :func:`shard_weight`: ``unshard([shard_weight(w, dim, r, t) for r in
+    range(t)], dim)`` equals ``w``. The shards lie side by side along ``dim``: this is what
+    an all-gather along that dimension returns (the way the LM head's logits come back).
+    """
+    ### BEGIN SOLUTION
+    return torch.cat(list(shards), dim=dim)
+    ### END SOLUTION
+
+
+def parallel_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                 world: int) -> list[torch.Tensor]:
+    """Exercise 14.2: A tensor-parallel SwiGLU MLP on simulated ranks: each rank's partial sum.
+
+    The MLP is down(silu(x gateᵀ) * (x upᵀ)) with nn.Linear-style weights: gate and up
+    [intermediate, hidden], down [hidden, intermediate]; x [..., hidden]. Rank r keeps the
+    column-parallel shards of gate and up (rows [r·part, (r + 1)·part), part =
+    intermediate / world, as ``shard_weight(·, 0, r, world)``) and the row-parallel shard
+    of down (the same columns, ``shard_weight(down, 1, r, world)``), and computes
+
+        partial_r = (silu(x gate_rᵀ) * (x up_rᵀ)) down_rᵀ        [..., hidden]
+
+    silu and the product are elementwise, so rank r's slice of the intermediate
+    activation needs only its own slices of gate and up: no communication until down.
+    down's row shard turns the slice into a partial sum: Σ_r partial_r is the MLP's
+    output. That sum is the one all-reduce of the MLP (Megatron-LM §3): after down, not
+    after gate/up. Returns [partial_0, ..., partial_{world-1}].
+    """
+    ### BEGIN SOLUTION
+    part = gate.shape[0] // world
+    partials = []
+    for rank in range(world):
+        cols = slice(rank * part, (rank + 1) * part)
+        hidden = F.silu(x @ gate[cols].T) * (x @ up[cols].T)
+        partials.append(hidden @ down[:, cols].T)
+    return partials
+    ### END SOLUTION
+
+
+def all_reduce(partials: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Exercise 14.2: What an all-reduce leaves on every rank: the sum of the partials.
+
+    ``torch.distributed.all_reduce`` adds every rank's tensor elementwise and gives each
+    rank the total; in one process, that is the sum of the list (a new tensor; the
+    partials are left as they are).
+    """
+    ### BEGIN SOLUTION
+    return torch.stack(list(partials)).sum(0)
+    ### END SOLUTION
+
+
+def gpipe_bubble(stages: int, microbatches: int) -> float:
+    """Exercise 14.3: The GPipe bubble, the share of time a stage is idle: (p − 1)/(m + p − 1).
+
+    p stages of equal time t, m micro-batches (GPipe, Huang et al. 2019, §2.3). The last
+    micro-batch leaves the last stage after (m + p − 1)·t; each stage works m·t of that and
+    waits the other (p − 1)·t while the pipeline fills and drains. So the idle share is
+    (p − 1) / (m + p − 1): 0 for one stage, (p − 1)/p for one micro-batch. Fewer than one
+    stage or micro-batch raises ValueError.
+    """
+    ### BEGIN SOLUTION
+    if stages < 1 or microbatches < 1:
+        raise ValueError(f"a pipeline needs at least one stage and one micro-batch, got "
+                         f"{stages} stages and {microbatches} micro-batches")
+    return (stages - 1) / (microbatches + stages - 1)
+    ### END SOLUTION
+
+
+def pipeline_time(stage_time: float, stages: int, microbatches: int) -> float:
+    """Exercise 14.3: How long a GPipe forward of m micro-batches takes: (m + p − 1)·t.
+
+    Every stage takes ``stage_time`` t per micro-batch. Micro-batch 0 reaches the last
+    stage after (p − 1)·t; from then on one micro-batch leaves every t. Fewer than one
+    stage or micro-batch raises ValueError.
+    """
+    ### BEGIN SOLUTION
+    if stages < 1 or microbatches < 1:
+        raise ValueError(f"a pipeline needs at least one stage and one micro-batch, got "
+                         f"{stages} stages and {microbatches} micro-batches")
+    return (microbatches + stages - 1) * stage_time
+    ### END SOLUTION
+
+
+def all_reduce_bytes(message_bytes: float, world: int) -> float:
+    """Exercise 14.4: Bytes each rank sends in a ring all-reduce of n bytes: 2(t − 1)/t · n.
+
+    A ring all-reduce is a reduce-scatter then an all-gather. Each of the t ranks owns one
+    chunk of n/t bytes; in t − 1 steps of the reduce-scatter every rank sends one chunk to
+    its neighbour (which adds its own), and in t − 1 steps of the all-gather it passes the
+    summed chunks on: 2(t − 1) chunks of n/t bytes. Nearly 2n for large t, and nothing for
+    t = 1. A world size below 1 raises ValueError.
+    """
+    ### BEGIN SOLUTION
+    if world < 1:
+        raise ValueError(f"the world size (number of ranks) must be at least 1, got {world}")
+    return 2 * (world - 1) / world * message_bytes
+    ### END SOLUTION
+
+
+def tp_bytes_per_token(hidden: int, layers: int, world: int, bytes_per_value: int = 2) -> float:
+    """Exercise 14.4: Bytes a tensor-parallel rank sends per token in all the blocks.
+
+    Each block all-reduces twice (attention's output and the MLP's, Megatron §3), each
+    time a ``hidden``-vector of ``bytes_per_value`` bytes per value:
+
+        layers · 2 · 2(t − 1)/t · hidden · bytes_per_value
+
+    Llama-2-7B (hidden 4096, 32 layers) in fp16 at t = 2: 524,288 bytes per token. A world
+    size below 1 raises ValueError.
+    """
+    ### BEGIN SOLUTION
+    return layers * 2 * all_reduce_bytes(hidden * bytes_per_value, world)
+    ### END SOLUTION
