@@ -44,7 +44,13 @@ from minillm import Tokenizer, generate, load_model
 from minillm.draft import draft_cost
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.speculative import DraftModel, PromptLookup, lookup_ngram, speculative_generate
+from minillm.speculative import (
+    DraftModel,
+    PromptLookup,
+    expected_tokens_per_call,
+    lookup_ngram,
+    speculative_generate,
+)
 from minillm.task_prompts import task_prompts
 
 
@@ -147,7 +153,7 @@ def main(argv=None):
                                              prompt, args.new_tokens, gamma, stop)
             same = "yes" if tokens == plain else "NO"
             alpha = stats.acceptance_rate
-            expected = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
+            expected = expected_tokens_per_call(alpha, gamma)
             print(f"| {name} | {kind} | {drafter} | {gamma} | {alpha:.2f} | "
                   f"{stats.tokens_per_call:.2f} | {expected / (gamma * cost + 1):.2f}x | "
                   f"{plain_seconds / seconds:.2f}x | {len(plain) / plain_seconds:.1f} | "

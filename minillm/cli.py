@@ -296,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", default="sdpa", help="attention backend: sdpa, naive, ...")
         p.add_argument("--int8-activations", action="store_true",
                        help="with per-channel int8 weights: round activations to int8 too and "
-                            "multiply in integers; decode steps run in C++ (minillm's "
-                            "kernels, built on first use; fastest, slightly less accurate)")
+                            "multiply in integers (W8A8; grouped int4 weights: W4A8), "
+                            "slightly less accurate")
 
     gen = sub.add_parser("generate", help="continue a prompt, or answer it with --chat")
     gen.add_argument("prompt")

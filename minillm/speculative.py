@@ -207,17 +207,7 @@ def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequen
         drafted, q = proposer.propose(tokens, min(gamma, room - 1)) if room > 1 else ([], None)
         feed = torch.tensor([tokens[-1:] + drafted], device=target.device)
         logits = target(feed, cache)[0]  # [len(drafted) + 1, vocab]
-        if params.greedy and verifier is None:
-            choices = process_logits(logits, params).argmax(-1).tolist()
-            accepted, extra = verify_greedy(choices, drafted)
-        elif drafted:
-            p = probabilities(logits, params)
-            accepted, extra = (verifier or verify)(p[None], q[None].to(p), torch.tensor([drafted]),
-                                                   generator)
-            accepted, extra = int(accepted), int(extra)
-        else:
-            p = probabilities(logits[-1], params)
-            accepted, extra = 0, int(torch.multinomial(p, 1, generator=generator))
+        accepted, extra = check_drafts(logits, drafted, q, params, generator, verifier)
         cache.rewind(len(drafted) - accepted)  # keep `last` and the accepted drafts
         emitted = drafted[:accepted] + [extra]
         stats.target_calls += 1
@@ -233,6 +223,25 @@ def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequen
         proposer.accepted(len(tokens) - 1)  # every verified token but the newest
     stats.emitted = len(new)
     return new, stats
+
+
+def check_drafts(logits: torch.Tensor, drafted: list[int], q: torch.Tensor | None,
+                 params: SamplingParams, generator: torch.Generator | None,
+                 verifier=None) -> tuple[int, int]:
+    """How many of the ``drafted`` tokens the target keeps, and its own next token, from
+    its logits [len(drafted) + 1, vocab] at the newest verified token and at each guess.
+    Greedy requests compare tokens (:func:`verify_greedy`); sampled ones go through
+    rejection sampling (``verifier``, by default :func:`verify`) against the draft's
+    probabilities ``q`` [len(drafted), vocab]. Both :func:`speculative_generate` and the
+    serving engine's runner check their drafts here."""
+    if params.greedy and verifier is None:
+        return verify_greedy(process_logits(logits, params).argmax(-1).tolist(), drafted)
+    p = probabilities(logits, params)
+    if not drafted:
+        return 0, int(torch.multinomial(p[-1], 1, generator=generator))
+    accepted, extra = (verifier or verify)(p[None], q[None].to(p),
+                                           torch.tensor([drafted], device=p.device), generator)
+    return int(accepted), int(extra)
 
 
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..attention.paged import slot_mapping
 from ..model import Transformer
-from ..sampling import process_logits, sample
-from ..speculative import probabilities, verify, verify_greedy
+from ..sampling import sample
+from ..speculative import check_drafts
 from .paged_cache import AttentionMetadata, PagedKVCache
 from .scheduler import Step
 from .sequence import Sequence
@@ -120,16 +121,11 @@ class ModelRunner:
 
     def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
         """The accepted prefix of ``seq.draft`` and one token of the target's, from the
-        logits [1 + guesses, vocab] at its newest token and at each guess."""
-        if seq.params.greedy:
-            choices = process_logits(logits, seq.params).argmax(-1).tolist()
-            accepted, extra = verify_greedy(choices, seq.draft)
-        else:
-            p = probabilities(logits, seq.params)
-            draft = torch.tensor([seq.draft], device=logits.device)
-            q = torch.nn.functional.one_hot(draft, logits.shape[-1]).to(p)
-            accepted, extra = (int(x[0]) for x in verify(p[None], q, draft,
-                                                         self._generator(seq, logits.device)))
+        logits [1 + guesses, vocab] at its newest token and at each guess (the lookup's
+        guesses are certain: q is one-hot)."""
+        q = F.one_hot(torch.tensor(seq.draft, device=logits.device), logits.shape[-1])
+        accepted, extra = check_drafts(logits, seq.draft, q, seq.params,
+                                       self._generator(seq, logits.device))
         return seq.draft[:accepted] + [extra]
 
     def close(self) -> None:
