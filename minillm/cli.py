@@ -280,6 +280,24 @@ def cmd_grade(args) -> None:
     print(score_table(results))
 
 
+def cmd_serve(args) -> None:
+    import uvicorn
+
+    from .serve import LLM, SchedulerConfig
+    from .serve.server import create_app
+
+    scheduler = SchedulerConfig(max_batch=args.max_batch,
+                                speculative_tokens=args.speculative_tokens)
+    llm = LLM(args.model, num_blocks=args.num_blocks, scheduler=scheduler,
+              tensor_parallel_size=args.tensor_parallel,
+              shard_attention=not args.replicate_attention)
+    try:
+        uvicorn.run(create_app(llm, args.served_name or args.model), host=args.host,
+                    port=args.port, log_level="warning")
+    finally:
+        llm.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .quant import QUANTIZERS
 
@@ -387,6 +405,24 @@ def build_parser() -> argparse.ArgumentParser:
                       help="divergence of the soft term")
     dist.add_argument("--seed", type=int, default=0)
     dist.set_defaults(func=cmd_distill)
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine")
+    serve.add_argument("--model", default="smollm2",
+                       help="checkpoint dir (float or `minillm quantize` output), hub id, or "
+                            "smollm2 (default)")
+    serve.add_argument("--served-name", help="the model name clients ask for (default: --model)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--num-blocks", type=int, default=1024, help="KV-cache blocks of 16 tokens")
+    serve.add_argument("--max-batch", type=int, default=16, help="sequences per step")
+    serve.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                       help="run the model on N processes (chapter 14)")
+    serve.add_argument("--replicate-attention", action="store_true",
+                       help="with --tensor-parallel: keep attention whole on every process "
+                            "(SmolLM2 on 2 processes)")
+    serve.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
+                       help="prompt-lookup guesses per decode step (chapter 11; 0: off)")
+    serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")
     bench.add_argument("--threads", type=int, default=2)

@@ -44,6 +44,11 @@ class Tokenizer:
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
         """Token ids of a one-turn conversation, ending where the assistant starts to speak."""
         messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": user_message})
+        return self.conversation_prompt([*messages, {"role": "user", "content": user_message}])
+
+    def conversation_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (``{"role": ..., "content": ...}`` messages, as in
+        OpenAI's chat API) through the checkpoint's chat template, ending where the
+        assistant starts to speak."""
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self.encode(text)

@@ -176,9 +176,14 @@ class LLM:
     def abort(self, seq: Sequence) -> None:
         """Cancel a request (all its samples); its blocks are free after this call."""
         for s in (*seq.samples, seq):
-            if not s.finished:
-                self.scheduler.abort(s)
-            self.runner.forget(s)
+            self.abort_sample(s)
+
+    def abort_sample(self, seq: Sequence) -> None:
+        """Cancel one sequence (a request's other samples go on); its blocks are free after
+        this call."""
+        if not seq.finished:
+            self.scheduler.abort(seq)
+        self.runner.forget(seq)
 
     @property
     def has_work(self) -> bool:

@@ -1,0 +1,303 @@
+"""An OpenAI-compatible HTTP server over the engine: ``minillm serve`` (chapter 15).
+
+    minillm serve --port 8000
+    curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}'
+
+or with the official client: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")``.
+
+Endpoints: ``GET /`` (a chat page: plain HTML and a small script), ``GET /health``,
+``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (the
+conversation goes through the checkpoint's chat template), ``GET /metrics`` (Prometheus
+text). Requests stream when ``stream`` is true: server-sent events, one ``data: {json}``
+chunk per piece of text, ending with ``data: [DONE]`` (Starlette's ``StreamingResponse``:
+SSE is that simple, no extra package).
+
+Every request becomes one engine request (:class:`~.async_engine.AsyncEngine`); its text
+comes from an :class:`~.detokenizer.IncrementalDetokenizer` per sample, so a stop string
+ends the reply before it (and frees the request's blocks at once) even when it spans
+tokens, and an incomplete UTF-8 character is never sent. Bad requests get OpenAI's error
+body (``{"error": {"message", "type", "param", "code"}}``) with status 400, or 404 for an
+unknown model, and the server goes on. A client that disconnects mid-stream cancels its
+request: the engine frees its KV blocks before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, Field, model_validator
+
+from ..sampling import SamplingParams
+from . import metrics
+from .async_engine import AsyncEngine
+from .async_engine import Request as EngineRequest
+from .detokenizer import IncrementalDetokenizer
+from .llm import LLM
+
+MAX_SAMPLES = 4
+CHAT_PAGE = Path(__file__).with_name("chat.html")  # the page at /: streams a conversation
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """The fields shared by completions and chat completions (OpenAI's names and
+    defaults; unknown fields are ignored, known ones are checked)."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[int]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (status, message, kind,
+                                                                        param, code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(status_code=self.status, content={"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+
+
+class ServerMetrics:
+    """Prometheus metrics of one server (its own registry: several servers can live in one
+    process, as in the tests)."""
+
+    def __init__(self, llm: LLM):
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("minillm_requests", "Requests by outcome", ["outcome"],
+                                registry=registry)
+        self.prompt_tokens = Counter("minillm_prompt_tokens", "Prompt tokens", registry=registry)
+        self.generated_tokens = Counter("minillm_generation_tokens", "Generated tokens",
+                                        registry=registry)
+        self.ttft = Histogram("minillm_time_to_first_token_seconds", "TTFT", registry=registry)
+        self.tpot = Histogram("minillm_time_per_output_token_seconds", "TPOT",
+                              registry=registry, buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5))
+        Gauge("minillm_kv_blocks_used", "KV-cache blocks in use", registry=registry) \
+            .set_function(lambda: llm.blocks.num_blocks - llm.free_blocks())
+        Gauge("minillm_kv_blocks_total", "KV-cache blocks", registry=registry) \
+            .set_function(lambda: llm.blocks.num_blocks)
+        Gauge("minillm_requests_waiting", "Requests queued", registry=registry) \
+            .set_function(lambda: len(llm.scheduler.waiting))
+        Gauge("minillm_requests_running", "Requests running", registry=registry) \
+            .set_function(lambda: len(llm.scheduler.running))
+
+    def record(self, request: EngineRequest, outcome: str) -> None:
+        self.requests.labels(outcome).inc()
+        self.prompt_tokens.inc(request.seq.num_prompt_tokens)
+        for seq in request.samples:
+            self.generated_tokens.inc(len(seq.output))
+            if seq.token_times:
+                self.ttft.observe(metrics.ttft(seq))
+            if (per_token := metrics.tpot(seq)) is not None:
+                self.tpot.observe(per_token)
+
+
+def create_app(llm: LLM, model_name: str = "smollm2") -> FastAPI:
+    """The server's ASGI app around ``llm`` (which needs a tokenizer)."""
+    if llm.tokenizer is None:
+        raise ValueError("the server needs an engine with a tokenizer")
+    engine = AsyncEngine(llm)
+    server_metrics = ServerMetrics(llm)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(engine.run())
+        yield
+        task.cancel()
+
+    app = FastAPI(title="minillm", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError):
+        problem = error.errors()[0]
+        if problem["type"] == "json_invalid":
+            return ApiError(400, f"the body is not valid JSON ({problem['ctx']['error']})"
+                            ).response()
+        param = ".".join(str(part) for part in problem["loc"][1:]) or None
+        return ApiError(400, f"{param or 'body'}: {problem['msg']}", param=param).response()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page():
+        return CHAT_PAGE.read_text()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": 0, "owned_by": "minillm"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(generate_latest(server_metrics.registry).decode())
+
+    async def start(body: GenerationRequest, prompt: list[int]) -> EngineRequest:
+        if body.model != model_name:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server has "
+                           f"{model_name!r}", param="model", code="model_not_found")
+        params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
+                                seed=body.seed, n=body.n,
+                                max_tokens=body.max_tokens or _room(llm, prompt))
+        request = await engine.submit(prompt, params)
+        if request.seq.error is not None:
+            server_metrics.record(request, "rejected")
+            raise ApiError(400, request.seq.error, param="prompt")
+        return request
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        prompt = body.prompt if isinstance(body.prompt, list) else \
+            llm.tokenizer.encode(body.prompt)
+        request = await start(body, prompt)
+        return await respond(body, request, "text_completion", _completion_choice)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest):
+        prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
+        request = await start(body, prompt)
+        return await respond(body, request, "chat.completion", _chat_choice)
+
+    async def respond(body: GenerationRequest, request: EngineRequest, kind: str, choice):
+        header = {"id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
+                  "created": int(time.time()), "model": model_name}
+        pieces = follow(request, body.stops())
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(stream(header, kind, pieces, request, usage, choice),
+                                     media_type="text/event-stream")
+        texts, reasons = [""] * len(request.samples), [None] * len(request.samples)
+        async for index, text, reason in pieces:
+            texts[index] += text
+            reasons[index] = reason or reasons[index]
+        choices = [choice(i, texts[i], reasons[i], final=True) for i in range(len(texts))]
+        return {**header, "object": kind, "choices": choices, "usage": _usage(request)}
+
+    async def stream(header, kind, pieces, request, include_usage, choice):
+        chunk_kind = kind + ".chunk" if kind.startswith("chat") else kind
+        extra = {"usage": None} if include_usage else {}
+        try:
+            if kind.startswith("chat"):  # OpenAI's first chat chunk names the role
+                for index in range(len(request.samples)):
+                    first = {"index": index, "delta": {"role": "assistant", "content": ""},
+                             "finish_reason": None}
+                    yield _event({**header, "object": chunk_kind, "choices": [first], **extra})
+            async for index, text, reason in pieces:
+                yield _event({**header, "object": chunk_kind,
+                              "choices": [choice(index, text, reason)], **extra})
+            if include_usage:
+                yield _event({**header, "object": chunk_kind, "choices": [],
+                              "usage": _usage(request)})
+            yield "data: [DONE]\n\n"
+        finally:  # also when the client went away: cancel whatever still runs
+            for seq in request.samples:
+                if not seq.finished:
+                    engine.cancel(seq)
+
+    async def follow(request: EngineRequest, stops: list[str]) -> AsyncIterator:
+        """(sample index, new text, finish reason or None) as the engine produces them."""
+        detokenizers = [IncrementalDetokenizer(llm.tokenizer, stops) for _ in request.samples]
+        sent = [0] * len(request.samples)
+        done = [False] * len(request.samples)
+        while not all(done):
+            await request.updated.wait()
+            request.updated.clear()
+            for index, seq in enumerate(request.samples):
+                if done[index]:
+                    continue
+                finished = seq.finished  # read first: a step in flight appends, then finishes
+                new = seq.output[sent[index]:]
+                sent[index] += len(new)
+                detokenizer = detokenizers[index]
+                text = detokenizer.push(new)
+                if detokenizer.stopped:  # a stop string: the reply ends before it
+                    engine.cancel(seq)
+                    done[index] = True
+                    yield index, text, "stop"
+                elif finished:
+                    done[index] = True
+                    yield index, text + detokenizer.finish(), seq.finish_reason.value
+                elif text:
+                    yield index, text, None
+        server_metrics.record(request, "finished")
+
+    return app
+
+
+def _room(llm: LLM, prompt: list[int]) -> int:
+    """The default max_tokens of a chat request: the rest of the model's context."""
+    return max(1, llm.model.config.max_position_embeddings - len(prompt))
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _usage(request: EngineRequest) -> dict:
+    prompt = request.seq.num_prompt_tokens
+    completion = sum(len(seq.output) for seq in request.samples)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _completion_choice(index: int, text: str, reason: str | None, final: bool = False) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+def _chat_choice(index: int, text: str, reason: str | None, final: bool = False) -> dict:
+    body = {"role": "assistant", "content": text} if final else {"content": text}
+    return {"index": index, ("message" if final else "delta"): body, "finish_reason": reason}
