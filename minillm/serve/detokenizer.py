@@ -18,7 +18,7 @@ token's text can depend on its neighbours) and hands out only the new, safe part
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -33,11 +33,17 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-class IncrementalDetokenizer:
-    """Turns a growing list of output token ids into text deltas, honouring ``stops``."""
+HoldBack = Callable[[str, Sequence[str]], int]
 
-    def __init__(self, tokenizer, stops: Sequence[str] = ()):
+
+class IncrementalDetokenizer:
+    """Turns a growing list of output token ids into text deltas, honouring ``stops``.
+    ``hold_back(text, stops)`` says how much of the text's end to keep back (chapter 15
+    passes the learner's :func:`held_back`)."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] = (), hold_back: HoldBack = held_back):
         self.tokenizer = tokenizer
+        self.hold_back = hold_back
         self.stops = [stop for stop in stops if stop]
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already handed out
@@ -59,7 +65,7 @@ class IncrementalDetokenizer:
             return self._send(text[:min(found)])
         if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its rest
             return ""
-        return self._send(text[:len(text) - held_back(text, self.stops)])
+        return self._send(text[:len(text) - self.hold_back(text, self.stops)])
 
     def finish(self) -> str:
         """The output ended (stop token or length): whatever was held back, now safe."""

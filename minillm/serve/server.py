@@ -43,7 +43,7 @@ from ..sampling import SamplingParams
 from . import metrics
 from .async_engine import AsyncEngine
 from .async_engine import Request as EngineRequest
-from .detokenizer import IncrementalDetokenizer
+from .detokenizer import HoldBack, IncrementalDetokenizer, held_back
 from .llm import LLM
 
 MAX_SAMPLES = 4
@@ -140,8 +140,10 @@ class ServerMetrics:
                 self.tpot.observe(per_token)
 
 
-def create_app(llm: LLM, model_name: str = "smollm2") -> FastAPI:
-    """The server's ASGI app around ``llm`` (which needs a tokenizer)."""
+def create_app(llm: LLM, model_name: str = "smollm2", *,
+               hold_back: HoldBack = held_back) -> FastAPI:
+    """The server's ASGI app around ``llm`` (which needs a tokenizer). ``hold_back`` is the
+    detokenizer's rule for text that may start a stop string (chapter 15: yours)."""
     if llm.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer")
     engine = AsyncEngine(llm)
@@ -217,8 +219,8 @@ def create_app(llm: LLM, model_name: str = "smollm2") -> FastAPI:
                   "created": int(time.time()), "model": model_name}
         pieces = follow(request, body.stops())
         if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(stream(header, kind, pieces, request, usage, choice),
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(stream(header, kind, pieces, request, include_usage, choice),
                                      media_type="text/event-stream")
         texts, reasons = [""] * len(request.samples), [None] * len(request.samples)
         async for index, text, reason in pieces:
@@ -235,13 +237,14 @@ def create_app(llm: LLM, model_name: str = "smollm2") -> FastAPI:
                 for index in range(len(request.samples)):
                     first = {"index": index, "delta": {"role": "assistant", "content": ""},
                              "finish_reason": None}
-                    yield _event({**header, "object": chunk_kind, "choices": [first], **extra})
+                    yield sse_event({**header, "object": chunk_kind, "choices": [first],
+                                     **extra})
             async for index, text, reason in pieces:
-                yield _event({**header, "object": chunk_kind,
-                              "choices": [choice(index, text, reason)], **extra})
+                yield sse_event({**header, "object": chunk_kind,
+                                 "choices": [choice(index, text, reason)], **extra})
             if include_usage:
-                yield _event({**header, "object": chunk_kind, "choices": [],
-                              "usage": _usage(request)})
+                yield sse_event({**header, "object": chunk_kind, "choices": [],
+                                 "usage": _usage(request)})
             yield "data: [DONE]\n\n"
         finally:  # also when the client went away: cancel whatever still runs
             for seq in request.samples:
@@ -250,7 +253,8 @@ def create_app(llm: LLM, model_name: str = "smollm2") -> FastAPI:
 
     async def follow(request: EngineRequest, stops: list[str]) -> AsyncIterator:
         """(sample index, new text, finish reason or None) as the engine produces them."""
-        detokenizers = [IncrementalDetokenizer(llm.tokenizer, stops) for _ in request.samples]
+        detokenizers = [IncrementalDetokenizer(llm.tokenizer, stops, hold_back)
+                        for _ in request.samples]
         sent = [0] * len(request.samples)
         done = [False] * len(request.samples)
         while not all(done):
@@ -283,15 +287,21 @@ def _room(llm: LLM, prompt: list[int]) -> int:
     return max(1, llm.model.config.max_position_embeddings - len(prompt))
 
 
-def _event(payload: dict) -> str:
+def sse_event(payload: dict) -> str:
+    """One server-sent event carrying ``payload`` as JSON: ``data: {...}`` and a blank line."""
     return f"data: {json.dumps(payload)}\n\n"
 
 
+def usage(prompt_tokens: int, completions: list[list[int]]) -> dict:
+    """OpenAI's usage block: the prompt counted once (its blocks are shared by the ``n``
+    samples), every sample's generated tokens (a stop token included)."""
+    completion = sum(len(tokens) for tokens in completions)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
+
+
 def _usage(request: EngineRequest) -> dict:
-    prompt = request.seq.num_prompt_tokens
-    completion = sum(len(seq.output) for seq in request.samples)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return usage(request.seq.num_prompt_tokens, [seq.output for seq in request.samples])
 
 
 def _completion_choice(index: int, text: str, reason: str | None, final: bool = False) -> dict:
