@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+MAX_LOGPROBS = 20  # alternatives recorded per token, at most (OpenAI's top_logprobs limit)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -34,6 +36,8 @@ class SamplingParams:
     max_tokens: int = 16  # the serving engine's limit per request (generate() has its own)
     stop_token_ids: tuple[int, ...] = ()  # the engine also stops on these
     n: int = 1  # the engine's samples per prompt (forks sharing the prompt's KV blocks)
+    logprobs: int | None = None  # the engine records each token's log-probability and the
+    # top `logprobs` alternatives (None: nothing recorded)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -47,6 +51,8 @@ class SamplingParams:
                 f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
         if self.max_tokens < 1 or int(self.max_tokens) != self.max_tokens:
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         if self.n < 1 or int(self.n) != self.n:
             raise ValueError(f"n (samples per prompt) must be a whole number >= 1, got {self.n}")
 
@@ -130,3 +136,23 @@ def sample(logits: torch.Tensor, params: SamplingParams,
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
     return torch.cat([torch.multinomial(row, num_samples=1, generator=g)
                       for row, g in zip(probs, generator, strict=True)])
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability under the model, and the most likely alternatives
+    (token id, log-probability), best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability in the model's own distribution (log-softmax of the raw
+    ``logits`` [vocab], before temperature or filters), with the ``top`` best tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    alternatives = () if best is None else tuple(
+        (int(i), float(v)) for v, i in zip(best.values, best.indices, strict=True))
+    return TokenLogprob(int(token), float(logprobs[token]), alternatives)

@@ -155,6 +155,11 @@ def test_a_client_that_hangs_up_frees_its_blocks(server):
     ({"model": "smollm2", "prompt": "Hi " * 9000}, 400, "prompt"),
     ({"model": "gpt-9", "prompt": "Hi"}, 404, "model"),
     ({"model": "smollm2", "messages": []}, 400, "messages"),
+    ({"model": "smollm2", "prompt": "Hi", "logprobs": 6}, 400, "logprobs"),
+    ({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "logprobs": True,
+      "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}],
+      "top_logprobs": 2}, 400, None),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, body, status, param):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
@@ -168,6 +173,36 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, body, sta
     assert error["param"] == param
     ok = server.client.completions.create(model="smollm2", prompt="Hi", max_tokens=2)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_are_the_model_log_softmax_of_each_token(server, smollm2, tokenizer):
+    import torch
+
+    prompt = "The capital of France is"
+    whole = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=6,
+                                             temperature=0, logprobs=3)
+    chunks, _ = stream_completion(server.client, model="smollm2", prompt=prompt, max_tokens=6,
+                                  temperature=0, logprobs=3)
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == whole.usage.completion_tokens == 6
+    assert [len(top) for top in lp.top_logprobs] == [3] * 6
+    streamed = [x for c in chunks if c.choices[0].logprobs
+                for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs)
+    ids = tokenizer.encode(prompt)
+    tokens = generate(smollm2, ids, 6)[0]
+    with torch.no_grad():
+        reference = torch.log_softmax(smollm2(torch.tensor([ids + tokens]))[0], -1)
+    for i, token in enumerate(tokens):
+        expected = float(reference[len(ids) - 1 + i, token])
+        assert lp.token_logprobs[i] == pytest.approx(expected, abs=1e-3)
+        assert max(lp.top_logprobs[i].values()) == pytest.approx(lp.token_logprobs[i])  # greedy
+    chat = server.client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        temperature=0, logprobs=True, top_logprobs=5)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(entry.top_logprobs) == 5 and entry.logprob <= 0 for entry in content)
 
 
 def test_health_models_and_metrics(server):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ..attention.paged import slot_mapping
 from ..model import Transformer
-from ..sampling import sample
+from ..sampling import sample, token_logprob
 from ..speculative import check_drafts
 from .paged_cache import AttentionMetadata, PagedKVCache
 from .scheduler import Step
@@ -84,8 +84,11 @@ class ModelRunner:
             own = logits[first:first + 1 + len(seq.draft)]
             first += len(own)
             new[seq.id] = self._verify(seq, own) if seq.draft else [self._sample(seq, own[0])]
+            _record_logprobs(seq, own, new[seq.id])
             if not seq.output:  # its prompt is in: its other samples draw from the same logits
-                new |= {s.id: [self._sample(s, own[0])] for s in seq.unforked_samples}
+                for s in seq.unforked_samples:
+                    new[s.id] = [self._sample(s, own[0])]
+                    _record_logprobs(s, own, new[s.id])
         return new
 
     @torch.inference_mode()
@@ -134,3 +137,11 @@ class ModelRunner:
     def forget(self, seq: Sequence) -> None:
         """Drop a finished sequence's generator."""
         self.generators.pop(seq.id, None)
+
+
+def _record_logprobs(seq: Sequence, logits: torch.Tensor, tokens: list[int]) -> None:
+    """With ``params.logprobs``, each new token's log-probability from the logits row that
+    chose it (row i for the i-th token: a speculative step's rows follow its guesses)."""
+    if seq.params.logprobs is not None:
+        seq.logprobs += [token_logprob(logits[i], token, seq.params.logprobs)
+                         for i, token in enumerate(tokens)]

@@ -28,7 +28,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, TokenLogprob
 
 _ids = itertools.count()
 
@@ -66,6 +66,8 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # speculative tokens of this step, unverified
     num_drafted: int = 0  # speculative tokens proposed over the request's life ...
     num_accepted: int = 0  # ... and accepted by the target
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # with params.logprobs: one
+    # per sampled token (output[i] <-> logprobs[i]; any past the output were dropped)
 
     @property
     def tokens(self) -> list[int]:

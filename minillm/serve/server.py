@@ -30,8 +30,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,7 +40,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, model_validator
 
-from ..sampling import SamplingParams
+from ..sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from . import metrics
 from .async_engine import AsyncEngine
 from .async_engine import Request as EngineRequest
@@ -47,6 +48,17 @@ from .detokenizer import HoldBack, IncrementalDetokenizer, held_back
 from .llm import LLM
 
 MAX_SAMPLES = 4
+
+
+class Piece(NamedTuple):
+    """New text of one sample, its finish reason when it ended, and the log-probabilities
+    of the tokens consumed since its last piece (empty when not recorded)."""
+
+    index: int
+    text: str
+    reason: str | None
+    logprobs: list[TokenLogprob]
+
 CHAT_PAGE = Path(__file__).with_name("chat.html")  # the page at /: streams a conversation
 
 
@@ -81,6 +93,10 @@ class GenerationRequest(BaseModel):
 class CompletionRequest(GenerationRequest):
     prompt: str | list[int]
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    def recorded_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class Message(BaseModel):
@@ -90,6 +106,17 @@ class Message(BaseModel):
 
 class ChatRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs to be true")
+        return self
+
+    def recorded_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class ApiError(Exception):
@@ -193,7 +220,7 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
             raise ApiError(404, f"the model {body.model!r} does not exist; this server has "
                            f"{model_name!r}", param="model", code="model_not_found")
         params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
-                                seed=body.seed, n=body.n,
+                                seed=body.seed, n=body.n, logprobs=body.recorded_logprobs(),
                                 max_tokens=body.max_tokens or _room(llm, prompt))
         request = await engine.submit(prompt, params)
         if request.seq.error is not None:
@@ -206,13 +233,15 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
         prompt = body.prompt if isinstance(body.prompt, list) else \
             llm.tokenizer.encode(body.prompt)
         request = await start(body, prompt)
-        return await respond(body, request, "text_completion", _completion_choice)
+        return await respond(body, request, "text_completion",
+                             partial(_completion_choice, llm.tokenizer))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest):
         prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
         request = await start(body, prompt)
-        return await respond(body, request, "chat.completion", _chat_choice)
+        return await respond(body, request, "chat.completion",
+                             partial(_chat_choice, llm.tokenizer))
 
     async def respond(body: GenerationRequest, request: EngineRequest, kind: str, choice):
         header = {"id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
@@ -222,11 +251,15 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(header, kind, pieces, request, include_usage, choice),
                                      media_type="text/event-stream")
-        texts, reasons = [""] * len(request.samples), [None] * len(request.samples)
-        async for index, text, reason in pieces:
-            texts[index] += text
-            reasons[index] = reason or reasons[index]
-        choices = [choice(i, texts[i], reasons[i], final=True) for i in range(len(texts))]
+        samples = len(request.samples)
+        texts, reasons, logprobs = [""] * samples, [None] * samples, [[] for _ in range(samples)]
+        async for piece in pieces:
+            texts[piece.index] += piece.text
+            reasons[piece.index] = piece.reason or reasons[piece.index]
+            logprobs[piece.index] += piece.logprobs
+        wanted = request.seq.params.logprobs is not None
+        choices = [choice(i, texts[i], reasons[i], logprobs[i] if wanted else None, final=True)
+                   for i in range(samples)]
         return {**header, "object": kind, "choices": choices, "usage": _usage(request)}
 
     async def stream(header, kind, pieces, request, include_usage, choice):
@@ -239,9 +272,11 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                              "finish_reason": None}
                     yield sse_event({**header, "object": chunk_kind, "choices": [first],
                                      **extra})
-            async for index, text, reason in pieces:
-                yield sse_event({**header, "object": chunk_kind,
-                                 "choices": [choice(index, text, reason)], **extra})
+            wanted = request.seq.params.logprobs is not None
+            async for piece in pieces:
+                entries = piece.logprobs if wanted else None
+                yield sse_event({**header, "object": chunk_kind, **extra, "choices": [
+                    choice(piece.index, piece.text, piece.reason, entries)]})
             if include_usage:
                 yield sse_event({**header, "object": chunk_kind, "choices": [],
                                  "usage": _usage(request)})
@@ -251,11 +286,13 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                 if not seq.finished:
                     engine.cancel(seq)
 
-    async def follow(request: EngineRequest, stops: list[str]) -> AsyncIterator:
-        """(sample index, new text, finish reason or None) as the engine produces them."""
+    async def follow(request: EngineRequest, stops: list[str]) -> AsyncIterator[Piece]:
+        """Each sample's new text as the engine produces it (with the log-probabilities of
+        the tokens consumed since the last piece, when recorded)."""
         detokenizers = [IncrementalDetokenizer(llm.tokenizer, stops, hold_back)
                         for _ in request.samples]
         sent = [0] * len(request.samples)
+        reported = [0] * len(request.samples)  # log-probabilities handed out
         done = [False] * len(request.samples)
         while not all(done):
             await request.updated.wait()
@@ -268,15 +305,19 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                 sent[index] += len(new)
                 detokenizer = detokenizers[index]
                 text = detokenizer.push(new)
+                if detokenizer.stopped or finished or text:
+                    logprobs = seq.logprobs[reported[index]:sent[index]]
+                    reported[index] = sent[index]
                 if detokenizer.stopped:  # a stop string: the reply ends before it
                     engine.cancel(seq)
                     done[index] = True
-                    yield index, text, "stop"
+                    yield Piece(index, text, "stop", logprobs)
                 elif finished:
                     done[index] = True
-                    yield index, text + detokenizer.finish(), seq.finish_reason.value
+                    yield Piece(index, text + detokenizer.finish(), seq.finish_reason.value,
+                                logprobs)
                 elif text:
-                    yield index, text, None
+                    yield Piece(index, text, None, logprobs)
         server_metrics.record(request, "finished")
 
     return app
@@ -304,10 +345,36 @@ def _usage(request: EngineRequest) -> dict:
     return usage(request.seq.num_prompt_tokens, [seq.output for seq in request.samples])
 
 
-def _completion_choice(index: int, text: str, reason: str | None, final: bool = False) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+def _completion_choice(tokenizer, index: int, text: str, reason: str | None,
+                       logprobs: list[TokenLogprob] | None, final: bool = False) -> dict:
+    """A completions choice; its logprobs in the legacy format (parallel lists)."""
+    if logprobs is not None:
+        logprobs = {
+            "tokens": [_token_text(tokenizer, e.token) for e in logprobs],
+            "token_logprobs": [e.logprob for e in logprobs],
+            "top_logprobs": [{_token_text(tokenizer, t): lp for t, lp in e.top}
+                             for e in logprobs]}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
-def _chat_choice(index: int, text: str, reason: str | None, final: bool = False) -> dict:
+def _chat_choice(tokenizer, index: int, text: str, reason: str | None,
+                 logprobs: list[TokenLogprob] | None, final: bool = False) -> dict:
+    """A chat choice (a whole ``message``, or a streamed ``delta``)."""
     body = {"role": "assistant", "content": text} if final else {"content": text}
-    return {"index": index, ("message" if final else "delta"): body, "finish_reason": reason}
+    choice = {"index": index, ("message" if final else "delta"): body, "finish_reason": reason,
+              "logprobs": None}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": [
+            {**_chat_token(tokenizer, e.token, e.logprob),
+             "top_logprobs": [_chat_token(tokenizer, t, lp) for t, lp in e.top]}
+            for e in logprobs]}
+    return choice
+
+
+def _token_text(tokenizer, token: int) -> str:
+    return tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _chat_token(tokenizer, token: int, logprob: float) -> dict:
+    text = _token_text(tokenizer, token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
