@@ -1,0 +1,85 @@
+# Generated from solutions/ch15_server.py by `python -m minillm.grading.exercises`.
+# Fill in the parts that raise NotImplementedError; do not edit the rest.
+"""Chapter 15: serving over HTTP — server-sent events out and back in, the rule that keeps a
+stop string from leaking into a stream, and OpenAI's usage block."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+LINE_END = re.compile(r"\r\n|\r|\n")  # the only line endings of an event stream
+
+
+def sse_event(payload: dict) -> str:
+    """Exercise 15.1: One server-sent event carrying ``payload`` as JSON: ``data: {...}\\n\\n``.
+
+    A streamed reply (``"stream": true``) is an event stream (``text/event-stream``): the
+    server keeps the response open and writes one event per piece of text. An event is a
+    ``data: `` line and a blank line; the blank line is what tells the client that the
+    event is complete, so each event must end in ``"\\n\\n"``.
+
+    The JSON is ``json.dumps(payload)`` with its defaults, the bytes OpenAI's clients get
+    from the server: ``", "`` and ``": "`` separators and ASCII only (a newline inside a
+    string becomes the two characters ``\\n``, a non-ASCII character a ``\\uXXXX`` escape).
+    So the whole event is one line of data, whatever text it carries.
+    """
+    raise NotImplementedError("Exercise 15.1: One server-sent event carrying ``payload`` as JSON: ``data: {...}\\n\\n``")
+
+
+def parse_sse(stream_text: str) -> list[dict | str]:
+    """Exercise 15.1: A whole event stream's payloads, in order: dicts, and "[DONE]" at the end.
+
+    The client's half of :func:`sse_event`, for a body read in full. The rules (the
+    event-stream format of the HTML standard, as OpenAI's clients read it):
+
+    * Lines end in ``"\\n"``, ``"\\r\\n"`` or ``"\\r"`` and in nothing else (other
+      characters that Python's ``str.splitlines`` treats as line breaks, such as U+2028, may
+      sit raw inside a JSON string).
+    * A blank line ends an event. Blank lines with no data before them (keep-alives, the
+      end of the stream) give no event.
+    * A line ``data:<value>`` adds ``<value>`` to the event's data, without the one space
+      that may follow the colon (``data:{...}`` and ``data: {...}`` are the same). An event
+      of several ``data`` lines has their values joined with ``"\\n"``.
+    * A line starting with ``:`` is a comment (servers send ``: ping`` to keep a connection
+      alive), and other fields (``event:``, ``id:``, ``retry:``) carry no data: both are
+      ignored.
+    * An event that the stream ends before its blank line is incomplete: it is dropped.
+
+    An event's data is JSON (a dict), except the marker ``[DONE]`` that ends an OpenAI
+    stream, which is returned as the string ``"[DONE]"``.
+    """
+    raise NotImplementedError("Exercise 15.1: A whole event stream's payloads, in order: dicts, and '[DONE]' at the end")
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """Exercise 15.2: How many characters at the end of ``text`` might start a stop string.
+
+    With ``stop=["\\n\\n"]`` the reply must end *before* the stop string, and the string
+    can span tokens: after a token that ends in "\\n" the server cannot know yet whether
+    the next one starts with "\\n". If it streamed the "\\n" now, it could not take it
+    back. So the detokenizer holds back the end of the text that could still turn into a
+    stop string, and sends it later (when the next tokens show it is not one, or when the
+    reply ends).
+
+    That end is the longest suffix of ``text`` that is a *proper* prefix of one of the
+    ``stops`` (at most ``len(stop) - 1`` characters: a whole stop string is found, and cut
+    off, before this rule is asked). Several stops: the longest such suffix over all of
+    them. No stops, an empty stop string or empty text: 0. Examples: ``held_back("the end
+    of the", ["the end."])`` is 3 ("the"); ``held_back("xaa", ["aab"])`` is 2 ("aa").
+    """
+    raise NotImplementedError("Exercise 15.2: How many characters at the end of ``text`` might start a stop string")
+
+
+def usage(prompt_tokens: int, completions: Sequence[Sequence[int]]) -> dict:
+    """Exercise 15.3: OpenAI's usage block of a request: prompt, completion and total tokens.
+
+    ``completions`` holds the generated token ids of each of the request's ``n`` samples.
+    Returns ``{"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}`` where
+    ``c`` counts every sample's tokens (a final stop token included: the model generated
+    it) and the prompt is counted once, however many samples: its KV blocks are computed
+    once and shared by the samples. Tokens, not characters: that is what is billed and
+    what the engine spends.
+    """
+    raise NotImplementedError("Exercise 15.3: OpenAI's usage block of a request: prompt, completion and total tokens")
