@@ -18,7 +18,7 @@ from minillm.parallel.tensor import check_split
 TOKENS = [[5, 17, 99, 3, 42, 7, 8, 5], [1, 2, 3, 4, 5, 6, 7, 8]]
 
 
-def sharded_forward(rank, world, checkpoint, tokens):
+def split_in_memory_forward(rank, world, checkpoint, tokens):
     """On each rank: load, keep this rank's shard, run a forward and a greedy generation."""
     model = tensor_parallel(load_model(checkpoint))
     COLLECTIVES.clear()
@@ -35,7 +35,7 @@ def test_tiny_model_under_tensor_parallelism_equals_one_process(tmp_path, world,
     model = load_model(tmp_path)
     with torch.no_grad():
         expected = model(torch.tensor(TOKENS))
-    results = run_ranks(sharded_forward, world, str(tmp_path), TOKENS, timeout=120)
+    results = run_ranks(split_in_memory_forward, world, str(tmp_path), TOKENS, timeout=120)
     for rank in results:
         assert torch.allclose(rank["logits"], expected, atol=1e-5)
         assert rank["greedy"] == generate(model, TOKENS[0], 10)[0]
@@ -47,7 +47,7 @@ def test_tiny_model_under_tensor_parallelism_equals_one_process(tmp_path, world,
 def test_smollm2_splits_three_ways_by_kv_group(smollm2):
     with torch.no_grad():
         expected = smollm2(torch.tensor(TOKENS))
-    results = run_ranks(sharded_forward, 3, "smollm2", TOKENS, timeout=300)
+    results = run_ranks(split_in_memory_forward, 3, "smollm2", TOKENS, timeout=300)
     for rank in results:
         # 1.1e-3 measured on logits of ~20: fp32 partial sums added in another order, over
         # 30 layers whose activations reach ~1e3 (chapter 06's outlier features)
@@ -66,4 +66,4 @@ def test_uneven_splits_are_refused_before_any_process_starts(world, message):
 
 def test_a_failing_rank_takes_the_group_down(tmp_path):
     with pytest.raises(Exception, match="needs the KV heads"):
-        run_ranks(sharded_forward, 2, "smollm2", TOKENS, timeout=120)
+        run_ranks(split_in_memory_forward, 2, "smollm2", TOKENS, timeout=120)

@@ -20,7 +20,6 @@ processes, so they also end with the process that started them.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import torch
@@ -31,7 +30,7 @@ from ..checkpoint import load_model, resolve_checkpoint
 from ..config import ModelConfig
 from ..model import Transformer
 from ..serve.runner import FlatBatch, ModelRunner, SlotMapping
-from .launch import free_port
+from .launch import free_port, share_cores
 from .loading import load_shard
 from .tensor import ShardWeight, check_split, tensor_parallel
 
@@ -59,7 +58,6 @@ def _rendezvous(rank: int, world: int, port: int) -> dist.TCPStore:
 def _join_group(store: dist.TCPStore, rank: int, world: int) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=IDLE_TIMEOUT)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
 
 def _worker_main(index: int, world: int, port: int, checkpoint: str, shard_attention: bool,
@@ -68,7 +66,7 @@ def _worker_main(index: int, world: int, port: int, checkpoint: str, shard_atten
     broadcasts, until it sends None."""
     rank = index + 1
     store = _rendezvous(rank, world, port)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    share_cores(world)
     model = load_rank_model(checkpoint, rank, world, shard_attention, shard)
     store.set(f"loaded{rank}", "yes")
     _join_group(store, rank, world)
@@ -117,6 +115,7 @@ class TensorParallelRunner(ModelRunner):
         model = load_rank_model(checkpoint, 0, world, shard_attention, shard)
         _wait_until_loaded(store, self.workers, world)
         _join_group(store, 0, world)
+        share_cores(world)
         super().__init__(model, num_blocks, block_size, slot_mapping)
 
     def forward(self, batch: FlatBatch) -> torch.Tensor:

@@ -30,11 +30,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def share_cores(world: int) -> None:
+    """Give this rank its share of the machine's cores: ``world`` processes each running
+    all cores' threads would fight over them."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+
 def _rank_main(rank: int, fn, world: int, port: int, out: str, backend: str, args) -> None:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     try:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        share_cores(world)
         torch.save(fn(rank, world, *args), Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -233,23 +233,28 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
         prompt = body.prompt if isinstance(body.prompt, list) else \
             llm.tokenizer.encode(body.prompt)
         request = await start(body, prompt)
+        completion_choice = partial(_completion_choice, llm.tokenizer)
         return await respond(body, request, "text_completion",
-                             partial(_completion_choice, llm.tokenizer))
+                             whole=completion_choice, delta=completion_choice)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest):
         prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
         request = await start(body, prompt)
         return await respond(body, request, "chat.completion",
-                             partial(_chat_choice, llm.tokenizer))
+                             whole=partial(_chat_choice, llm.tokenizer, "message"),
+                             delta=partial(_chat_choice, llm.tokenizer, "delta"))
 
-    async def respond(body: GenerationRequest, request: EngineRequest, kind: str, choice):
+    async def respond(body: GenerationRequest, request: EngineRequest, kind: str, *,
+                      whole, delta):
+        """The response: one JSON body built with ``whole`` choices, or an SSE stream of
+        ``delta`` choices."""
         header = {"id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
                   "created": int(time.time()), "model": model_name}
         pieces = follow(request, body.stops())
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(stream(header, kind, pieces, request, include_usage, choice),
+            return StreamingResponse(stream(header, kind, pieces, request, include_usage, delta),
                                      media_type="text/event-stream")
         samples = len(request.samples)
         texts, reasons, logprobs = [""] * samples, [None] * samples, [[] for _ in range(samples)]
@@ -258,11 +263,11 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
             reasons[piece.index] = piece.reason or reasons[piece.index]
             logprobs[piece.index] += piece.logprobs
         wanted = request.seq.params.logprobs is not None
-        choices = [choice(i, texts[i], reasons[i], logprobs[i] if wanted else None, final=True)
+        choices = [whole(i, texts[i], reasons[i], logprobs[i] if wanted else None)
                    for i in range(samples)]
         return {**header, "object": kind, "choices": choices, "usage": _usage(request)}
 
-    async def stream(header, kind, pieces, request, include_usage, choice):
+    async def stream(header, kind, pieces, request, include_usage, delta):
         chunk_kind = kind + ".chunk" if kind.startswith("chat") else kind
         extra = {"usage": None} if include_usage else {}
         try:
@@ -276,7 +281,7 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
             async for piece in pieces:
                 entries = piece.logprobs if wanted else None
                 yield sse_event({**header, "object": chunk_kind, **extra, "choices": [
-                    choice(piece.index, piece.text, piece.reason, entries)]})
+                    delta(piece.index, piece.text, piece.reason, entries)]})
             if include_usage:
                 yield sse_event({**header, "object": chunk_kind, "choices": [],
                                  "usage": _usage(request)})
@@ -346,8 +351,9 @@ def _usage(request: EngineRequest) -> dict:
 
 
 def _completion_choice(tokenizer, index: int, text: str, reason: str | None,
-                       logprobs: list[TokenLogprob] | None, final: bool = False) -> dict:
-    """A completions choice; its logprobs in the legacy format (parallel lists)."""
+                       logprobs: list[TokenLogprob] | None) -> dict:
+    """A completions choice (whole or streamed alike); its logprobs in the legacy format
+    (parallel lists)."""
     if logprobs is not None:
         logprobs = {
             "tokens": [_token_text(tokenizer, e.token) for e in logprobs],
@@ -357,11 +363,12 @@ def _completion_choice(tokenizer, index: int, text: str, reason: str | None,
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
-def _chat_choice(tokenizer, index: int, text: str, reason: str | None,
-                 logprobs: list[TokenLogprob] | None, final: bool = False) -> dict:
-    """A chat choice (a whole ``message``, or a streamed ``delta``)."""
-    body = {"role": "assistant", "content": text} if final else {"content": text}
-    choice = {"index": index, ("message" if final else "delta"): body, "finish_reason": reason,
+def _chat_choice(tokenizer, field: str, index: int, text: str, reason: str | None,
+                 logprobs: list[TokenLogprob] | None) -> dict:
+    """A chat choice: a whole ``message`` (which names its role), or a streamed ``delta``
+    (the role came in the stream's first chunk)."""
+    body = {"role": "assistant", "content": text} if field == "message" else {"content": text}
+    choice = {"index": index, field: body, "finish_reason": reason,
               "logprobs": None}
     if logprobs is not None:
         choice["logprobs"] = {"content": [
