@@ -280,17 +280,32 @@ def cmd_grade(args) -> None:
     print(score_table(results))
 
 
+def _serving_model(args):
+    """The engine's model: the checkpoint's name (each process of a tensor-parallel group
+    loads its shard), or the loaded model with int8 activations."""
+    if not args.int8_activations:
+        return args.model
+    if args.tensor_parallel > 1:
+        raise ValueError("--int8-activations runs in one process; drop --tensor-parallel")
+    from .checkpoint import load_model
+
+    model = load_model(args.model)
+    _use_int8_activations(model, args.model)
+    return model
+
+
 def cmd_serve(args) -> None:
     import uvicorn
 
     from .serve import LLM, SchedulerConfig
     from .serve.server import create_app
+    from .tokenizer import Tokenizer
 
     scheduler = SchedulerConfig(max_batch=args.max_batch,
                                 speculative_tokens=args.speculative_tokens)
-    llm = LLM(args.model, num_blocks=args.num_blocks, scheduler=scheduler,
+    llm = LLM(_serving_model(args), num_blocks=args.num_blocks, scheduler=scheduler,
               tensor_parallel_size=args.tensor_parallel,
-              shard_attention=not args.replicate_attention)
+              shard_attention=not args.replicate_attention, tokenizer=Tokenizer(args.model))
     try:
         uvicorn.run(create_app(llm, args.served_name or args.model), host=args.host,
                     port=args.port, log_level="warning")
@@ -422,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(SmolLM2 on 2 processes)")
     serve.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
                        help="prompt-lookup guesses per decode step (chapter 11; 0: off)")
+    serve.add_argument("--int8-activations", action="store_true",
+                       help="with per-channel int8 weights (or grouped int4): round activations "
+                            "to int8 too (W8A8/W4A8, chapter 6; the capstone's fastest engine)")
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="quick decode-speed comparison with Hugging Face")

@@ -134,6 +134,18 @@ def test_int8_activations_need_int8_weights(capsys, tmp_path, tokenizer):
     assert "needs per-channel int8 weights" in err and "minillm quantize" in err
 
 
+def test_serve_with_int8_activations_refuses_what_it_cannot_run(capsys, tmp_path, tokenizer):
+    """``minillm serve --int8-activations``: one process only, and int8 weights needed; both
+    refused before a port is opened."""
+    tiny_pair(tmp_path)
+    tokenizer.hf.save_pretrained(tmp_path)
+    code, out, err = run_cli(capsys, "serve", "--model", str(tmp_path), "--int8-activations",
+                             "--tensor-parallel", "2")
+    assert code == 2 and "drop --tensor-parallel" in err
+    code, out, err = run_cli(capsys, "serve", "--model", str(tmp_path), "--int8-activations")
+    assert code == 2 and "needs per-channel int8 weights" in err and "minillm quantize" in err
+
+
 @pytest.mark.slow
 def test_generate_with_int8_activations_decodes_natively(capsys, tmp_path, tokenizer):
     """--int8-activations: W8A8 layers, decode steps in C++ (nothing compiled), the tokens

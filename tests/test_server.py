@@ -6,7 +6,6 @@ OpenAI's error body while the server keeps serving."""
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,13 +14,12 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from minillm import Tokenizer, generate
 from minillm.parallel.launch import free_port
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.detokenizer import IncrementalDetokenizer, held_back
-from minillm.serve.server import create_app
+from minillm.serve.server import serve_in_background
 
 pytestmark = pytest.mark.smollm2
 BLOCKS = 256
@@ -31,18 +29,9 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "book" / "_build" / "browser" 
 @pytest.fixture(scope="module")
 def server():
     llm = LLM("smollm2", num_blocks=BLOCKS, scheduler=SchedulerConfig(max_batch=16))
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(llm, "smollm2"), host="127.0.0.1", port=port,
-                                       log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield SimpleNamespace(url=url, llm=llm, client=openai.OpenAI(base_url=url + "/v1",
-                                                                 api_key="-", max_retries=0))
-    uv.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_background(llm) as url:
+        yield SimpleNamespace(url=url, llm=llm, client=openai.OpenAI(
+            base_url=url + "/v1", api_key="-", max_retries=0))
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -40,6 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, Field, model_validator
 
+from ..parallel.launch import free_port
 from ..sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from . import metrics
 from .async_engine import AsyncEngine
@@ -326,6 +328,29 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
         server_metrics.record(request, "finished")
 
     return app
+
+
+@contextmanager
+def serve_in_background(llm: LLM, model_name: str = "smollm2", *,
+                        hold_back: HoldBack = held_back) -> Iterator[str]:
+    """Serve ``llm`` on a free port of 127.0.0.1 from a thread of this process (uvicorn),
+    for a notebook or a test; yields the server's URL and stops it on exit."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, hold_back=hold_back),
+                                           host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start (its error is printed above)")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def _room(llm: LLM, prompt: list[int]) -> int:

@@ -2,7 +2,8 @@
 
 Oracles: the server's own ``sse_event`` and ``usage`` and the detokenizer's ``held_back``
 (minillm.serve), the event-stream format (examples), and the live server: SmolLM2 behind
-``create_app`` in a thread, queried over HTTP with httpx and the official ``openai`` client.
+``serve_in_background`` (uvicorn in a thread), queried over HTTP with httpx and the
+official ``openai`` client.
 Its event stream must parse into the non-streamed reply, and with *your* ``held_back`` as
 the detokenizer's rule a stop string that spans tokens must not leak into the stream.
 """
@@ -11,21 +12,16 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from minillm.grading import load_impl
-from minillm.parallel.launch import free_port
 from minillm.sampling import SamplingParams
 from minillm.serve.detokenizer import held_back as library_held_back
-from minillm.serve.server import create_app
+from minillm.serve.server import serve_in_background
 from minillm.serve.server import sse_event as library_sse_event
 from minillm.serve.server import usage as library_usage
 
@@ -40,23 +36,8 @@ def llm():
     return LLM("smollm2", num_blocks=256)
 
 
-@contextmanager
 def serving(llm, hold_back=library_held_back):
-    """The OpenAI-compatible server over ``llm`` on a free port of 127.0.0.1 (uvicorn in a
-    thread of this process); yields its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(llm, "smollm2", hold_back=hold_back),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    return serve_in_background(llm, "smollm2", hold_back=hold_back)
 
 
 # -- 15.1 server-sent events ----------------------------------------------------------------

@@ -1,0 +1,232 @@
+"""The course's techniques switched on one at a time, on one trace (chapter 15's capstone).
+
+Every row serves the same requests greedily, each with its own ``max_tokens`` and the
+tokenizer's stop tokens, all submitted at once, and reports
+
+* **throughput**: generated tokens over the wall time of the whole trace;
+* **P95 TTFT and TPOT** over requests (one-at-a-time rows start each request's clock when
+  that request starts; engine rows when it was submitted, so queueing counts);
+* **memory**: the bytes of the weights (rank 0's under tensor parallelism), and of the KV
+  cache at its peak — blocks held × bytes per block for the engine (rounding waste
+  included), tokens held × bytes per token for one request at a time;
+* **lossless**: how many requests got exactly the tokens of plain minillm ``generate``
+  (greedy decoding must not change them; rows that change the weights are compared for
+  information).
+
+The rows (:func:`capstone_rows`) are the chapters in order: Hugging Face ``generate``, our
+KV cache with every query head's own copy of its K/V head (MHA-style, chapter 3), the
+cache of the KV heads only (GQA, chapter 4), the [in, out] layout and a compiled decode
+step (chapter 2), continuous batching over paged blocks (chapters 12–13), prefix caching,
+speculation (chapter 11), int8 weights × int8 activations (chapter 6) and tensor
+parallelism (chapter 14). Used by ``benchmarks/capstone.py`` and the chapter 15 notebook.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from ..checkpoint import resolve_checkpoint
+from ..compile import compile_decode
+from ..config import ModelConfig
+from ..generate import generate
+from ..gqa import expand_kv_heads
+from ..model import Transformer
+from ..quant import QuantScheme, quantize_model
+from ..quant.embedding import compact_embedding
+from ..quant.int8_activations import to_int8_activations
+from ..quant.qlinear import model_nbytes
+from ..sampling import SamplingParams
+from .llm import LLM
+from .metrics import summarize
+from .scheduler import SchedulerConfig
+from .workload import TraceRequest
+
+MAX_BATCH = 16  # sequences per engine step in every engine row
+PLAIN = "+ GQA-aware KV cache"  # plain minillm generate: the tokens every row is compared with
+
+
+@dataclass(frozen=True)
+class CapstoneRow:
+    name: str
+    tokens: list[list[int]]  # each request's generated tokens
+    seconds: float
+    ttft_p95: float
+    tpot_p95: float
+    weight_bytes: int
+    kv_bytes: int  # at the peak
+
+    @property
+    def throughput(self) -> float:
+        return sum(map(len, self.tokens)) / self.seconds
+
+
+def kv_bytes_per_token(config: ModelConfig, element_bytes: int = 4) -> int:
+    """A key and a value vector per KV head per layer."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
+
+
+# -- one request at a time -----------------------------------------------------------------
+
+Runner = Callable[[list[int], int, Callable[[], None]], list[int]]
+
+
+def one_at_a_time(name: str, run: Runner, trace: list[TraceRequest], config: ModelConfig,
+                  weight_bytes: int) -> CapstoneRow:
+    """Serve the trace request by request with ``run(prompt, max_tokens, on_first_token)``
+    -> tokens, after one untimed request (compiling happens there)."""
+    run(trace[0].prompt, 4, lambda: None)
+    tokens, ttfts, tpots = [], [], []
+    start = time.perf_counter()
+    for request in trace:
+        begin = time.perf_counter()
+        first: list[float] = []
+        out = run(request.prompt, request.max_tokens,
+                  lambda first=first: first.append(time.perf_counter()))
+        end = time.perf_counter()
+        tokens.append(out)
+        ttfts.append(first[0] - begin)
+        if len(out) > 1:
+            tpots.append((end - first[0]) / (len(out) - 1))
+    seconds = time.perf_counter() - start
+    held = max(len(r.prompt) + len(out) for r, out in zip(trace, tokens, strict=True))
+    return CapstoneRow(name, tokens, seconds, float(np.percentile(ttfts, 95)),
+                       float(np.percentile(tpots, 95)), weight_bytes,
+                       held * kv_bytes_per_token(config))
+
+
+def hf_runner(hf_model, stop: list[int]) -> Runner:
+    """Hugging Face ``generate`` (its own KV cache), stopping at the first stop token."""
+    def run(prompt, max_tokens, on_first_token):
+        with torch.inference_mode():
+            out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens,
+                                    do_sample=False, eos_token_id=stop, pad_token_id=stop[0],
+                                    streamer=_FirstTokenClock(on_first_token))
+        return _until_stop(out[0, len(prompt):].tolist(), stop)
+    return run
+
+
+class _FirstTokenClock:
+    """A Hugging Face streamer that only notes when the first new token comes (generate
+    hands it the prompt first, then each new token)."""
+
+    def __init__(self, on_first_token):
+        self.on_first_token, self.calls = on_first_token, 0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.on_first_token()
+
+    def end(self) -> None:
+        pass
+
+
+def _until_stop(tokens: list[int], stop: list[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in stop:
+            return tokens[:i + 1]
+    return tokens
+
+
+def minillm_row(name: str, model: Transformer, trace: list[TraceRequest],
+                stop: list[int]) -> CapstoneRow:
+    """minillm ``generate``, one request at a time."""
+    return one_at_a_time(name, minillm_runner(model, stop), trace, model.config,
+                         model_nbytes(model))
+
+
+def minillm_runner(model: Transformer, stop: list[int]) -> Runner:
+    def run(prompt, max_tokens, on_first_token):
+        return generate(model, [prompt], max_tokens, stop_tokens=stop,
+                        on_token=lambda _: on_first_token())[0]
+    return run
+
+
+# -- the engine --------------------------------------------------------------------------------
+
+def engine_row(name: str, trace: list[TraceRequest], model: Transformer | str, tokenizer,
+               **options) -> CapstoneRow:
+    """The whole trace submitted to one ``LLM(model, **options)`` at once."""
+    options.setdefault("scheduler", SchedulerConfig(max_batch=MAX_BATCH))
+    with LLM(model, tokenizer=tokenizer, **options) as llm:
+        llm.generate([trace[0].prompt], SamplingParams(max_tokens=4), progress=False)  # warm-up
+        start = time.perf_counter()
+        seqs = [llm.add_request(r.prompt, SamplingParams(max_tokens=r.max_tokens))
+                for r in trace]
+        peak_blocks = 0
+        while llm.has_work:
+            llm.step()
+            peak_blocks = max(peak_blocks, llm.blocks.num_blocks - llm.free_blocks())
+        seconds = time.perf_counter() - start
+        summary = summarize(seqs)
+        return CapstoneRow(name, [list(seq.output) for seq in seqs], seconds,
+                           summary.ttft["p95"], summary.tpot["p95"], model_nbytes(llm.model),
+                           peak_blocks * llm.runner.cache.bytes_per_block())
+
+
+def w8a8_model(plain: Transformer) -> Transformer:
+    """A copy of ``plain`` with int8 weights (round-to-nearest, symmetric, one scale per
+    row; the tied embedding/head too) and int8 activations: chapter 6's W8A8 kernel."""
+    int8 = quantize_model(copy.deepcopy(plain), "rtn",
+                          QuantScheme(8, symmetric=True, group_size=None))
+    return to_int8_activations(compact_embedding(int8, "int8"))
+
+
+def capstone_rows(trace: list[TraceRequest], plain: Transformer, tokenizer, *,
+                  hf_model=None, tensor_parallel: bool = True
+                  ) -> list[tuple[str, Callable[[], CapstoneRow]]]:
+    """(name, run) for each row, cheapest to build first; ``hf_model`` None leaves out
+    Hugging Face's row, ``tensor_parallel=False`` the 2-process row (it needs the
+    checkpoint on disk)."""
+    stop = tokenizer.stop_tokens
+    speculative = SchedulerConfig(max_batch=MAX_BATCH, speculative_tokens=4)
+    builds: dict[str, Callable[[str], CapstoneRow]] = {}
+    if hf_model is not None:
+        hf_weights = sum(p.nbytes for p in hf_model.parameters())  # tied: counted once
+        builds["HF generate, one at a time"] = lambda name: one_at_a_time(
+            name, hf_runner(hf_model, stop), trace, plain.config, hf_weights)
+    builds |= {
+        "minillm, KV cache (heads repeated: MHA)":
+            lambda name: minillm_row(name, expand_kv_heads(plain), trace, stop),
+        PLAIN: lambda name: minillm_row(name, plain, trace, stop),
+        "+ [in, out] layout, compiled":
+            lambda name: minillm_row(name, compile_decode(copy.deepcopy(plain)), trace, stop),
+        "continuous batching, paged KV":
+            lambda name: engine_row(name, trace, plain, tokenizer, prefix_caching=False),
+        "+ prefix caching": lambda name: engine_row(name, trace, plain, tokenizer),
+        "+ speculation (prompt lookup)":
+            lambda name: engine_row(name, trace, plain, tokenizer, scheduler=speculative),
+        "prefix caching + W8A8 int8":
+            lambda name: engine_row(name, trace, w8a8_model(plain), tokenizer),
+    }
+    if tensor_parallel:
+        builds["prefix caching + TP 2"] = lambda name: engine_row(
+            name, trace, str(resolve_checkpoint("smollm2")), tokenizer,
+            tensor_parallel_size=2, shard_attention=False)
+    return [(name, partial(build, name)) for name, build in builds.items()]
+
+
+def equal_to(row: CapstoneRow, reference: CapstoneRow) -> int:
+    """How many requests got exactly the reference's tokens."""
+    return sum(a == b for a, b in zip(row.tokens, reference.tokens, strict=True))
+
+
+def format_table(rows: list[CapstoneRow], reference: CapstoneRow) -> str:
+    """A Markdown table; speed-ups against the first row."""
+    baseline = rows[0].throughput
+    lines = ["| row | tokens/s | vs first | TTFT p95 | TPOT p95 | weights | KV peak | "
+             "equal to plain |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(
+            f"| {row.name} | {row.throughput:.1f} | {row.throughput / baseline:.2f}x | "
+            f"{row.ttft_p95:.2f} s | {1000 * row.tpot_p95:.0f} ms | "
+            f"{row.weight_bytes / 2**20:.0f} MiB | {row.kv_bytes / 2**20:.1f} MiB | "
+            f"{equal_to(row, reference)}/{len(row.tokens)} |")
+    return "\n".join(lines)
