@@ -12,13 +12,13 @@ import pytest
 from conftest import TINY, varied_random_model
 from minillm.config import ModelConfig
 from minillm.generate import generate
+from minillm.kv_cache import kv_cache_bytes
 from minillm.quant.int8_activations import Int8ActivationLinear
 from minillm.serve import SchedulerConfig
 from minillm.serve.capstone import (
     engine_row,
     equal_to,
     format_table,
-    kv_bytes_per_token,
     minillm_runner,
     one_at_a_time,
     w8a8_model,
@@ -49,7 +49,7 @@ def test_one_at_a_time_gives_plain_greedy_tokens_and_counts_the_longest_request(
     row = one_at_a_time("plain", minillm_runner(model, STOP), TRACE, model.config, 1)
     assert row.tokens == plain_greedy(model)
     held = max(len(r.prompt) + len(t) for r, t in zip(TRACE, row.tokens, strict=True))
-    assert row.kv_bytes == held * kv_bytes_per_token(model.config)
+    assert row.kv_bytes == held * kv_cache_bytes(model.config, 1, bytes_per_value=4)
     assert row.throughput > 0 and row.ttft_p95 > 0
 
 
@@ -61,7 +61,7 @@ def test_engine_rows_are_lossless(model, tokenizer, options):
     row = engine_row("engine", TRACE, model, tokenizer, num_blocks=64, block_size=4, **options)
     reference = SimpleNamespace(tokens=plain_greedy(model))
     assert equal_to(row, reference) == len(TRACE)
-    block_bytes = kv_bytes_per_token(model.config) * 4
+    block_bytes = kv_cache_bytes(model.config, 1, bytes_per_value=4) * 4
     assert row.kv_bytes % block_bytes == 0 and 0 < row.kv_bytes <= 64 * block_bytes
 
 

@@ -37,6 +37,7 @@ from ..compile import compile_decode
 from ..config import ModelConfig
 from ..generate import generate
 from ..gqa import expand_kv_heads
+from ..kv_cache import kv_cache_bytes
 from ..model import Transformer
 from ..quant import QuantScheme, quantize_model
 from ..quant.embedding import compact_embedding
@@ -67,11 +68,6 @@ class CapstoneRow:
         return sum(map(len, self.tokens)) / self.seconds
 
 
-def kv_bytes_per_token(config: ModelConfig, element_bytes: int = 4) -> int:
-    """A key and a value vector per KV head per layer."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
-
-
 # -- one request at a time -----------------------------------------------------------------
 
 Runner = Callable[[list[int], int, Callable[[], None]], list[int]]
@@ -98,7 +94,7 @@ def one_at_a_time(name: str, run: Runner, trace: list[TraceRequest], config: Mod
     held = max(len(r.prompt) + len(out) for r, out in zip(trace, tokens, strict=True))
     return CapstoneRow(name, tokens, seconds, float(np.percentile(ttfts, 95)),
                        float(np.percentile(tpots, 95)), weight_bytes,
-                       held * kv_bytes_per_token(config))
+                       kv_cache_bytes(config, held, bytes_per_value=4))
 
 
 def hf_runner(hf_model, stop: list[int]) -> Runner:
