@@ -17,6 +17,7 @@ import torch
 from minillm import Tokenizer, load_model
 from minillm.checkpoint import resolve_checkpoint
 from minillm.data import load_documents
+from minillm.eval import WIKI_EVAL, evaluate
 from minillm.serve.capstone import PLAIN, capstone_rows, format_table
 from minillm.serve.workload import make_trace
 
@@ -34,8 +35,12 @@ def main(argv=None) -> None:
                        passages=load_documents("sotu", "train")[:200])
     hf = AutoModelForCausalLM.from_pretrained(resolve_checkpoint("smollm2"),
                                               dtype=torch.float32).eval()
+    def perplexity(model) -> float:
+        return evaluate(model, tokenizer, WIKI_EVAL, progress=False).perplexity
+
     rows = []
-    for name, run in capstone_rows(trace, load_model("smollm2"), tokenizer, hf_model=hf):
+    for name, run in capstone_rows(trace, load_model("smollm2"), tokenizer, hf_model=hf,
+                                   perplexity=perplexity):
         rows.append(run())
         print(f"{name}: {rows[-1].throughput:.1f} tokens/s", flush=True)
     plain = next(row for row in rows if row.name == PLAIN)

@@ -6,11 +6,13 @@ llama.cpp, in one run.
     python benchmarks/decode.py --quick       # about a minute (the same as `minillm bench`)
 
 Same prompts, same greedy tokens (checked: fp32 rows against Hugging Face, quantized rows
-against the same weights dequantized; the W8A8 row, which also rounds activations, reports
-how many leading tokens it shares), same thread count, same run. The measuring code is
-in minillm/bench.py; llama.cpp's rows come from benchmarks/llama_cpp.py (``llama-bench``
-generating 128 tokens at batch 1; it has no batch-8 generation test, so batch 8 has no
-llama.cpp row).
+against the same weights dequantized; the W8A8 and W4A8 rows, which also round
+activations, report how many leading tokens they share), same thread count, same run.
+Every minillm row but the reference loop's is the serving engine with one executor (eager,
+compiled or native), and reports the host time of its decode steps. The measuring code
+is in minillm/bench.py; llama.cpp's rows come from benchmarks/llama_cpp.py
+(``llama-bench`` generating 128 tokens at batch 1; batched decoding against llama.cpp is
+``benchmarks/batched.py``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import argparse
 
 from minillm.bench import DecodeRow, run_decode_benchmark
 
-PEER_OF = {"minillm fp32, compile_decode": "F32",
-           "minillm int8, weight-only, compiled": "Q8_0",
-           "minillm int8, int8 activations (W8A8), compiled": "Q8_0",
-           "minillm int8, int8 activations (W8A8), native decode": "Q8_0",
-           "minillm int4, weight-only, compiled": "Q4_1",
-           "minillm int4, int8 activations (W4A8), native decode": "Q4_1"}
+PEER_OF = {"minillm fp32, engine, compiled": "F32",
+           "minillm fp32, engine, native": "F32",
+           "minillm int8, weight-only, engine, compiled": "Q8_0",
+           "minillm int8, int8 activations (W8A8), engine, native": "Q8_0",
+           "minillm int4, weight-only, engine, compiled": "Q4_1",
+           "minillm int4, int8 activations (W4A8), engine, native": "Q4_1"}
 
 
 def llama_cpp_peers(threads: int, new_tokens: int):
@@ -63,7 +65,7 @@ def main(argv=None):
     parser.add_argument("--llama-cpp", action="store_true",
                         help="add llama.cpp rows (F32, Q8_0, Q4_1), built on first use")
     parser.add_argument("--quick", action="store_true",
-                        help="32 tokens, batch 1, fp32 eager rows only")
+                        help="32 tokens, batch 1, fp32 rows without the compiled one")
     args = parser.parse_args(argv)
     if args.quick:
         args.new_tokens, args.uncached_tokens, args.batches = 32, 0, [1]

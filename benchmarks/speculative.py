@@ -7,11 +7,13 @@
     python benchmarks/speculative.py --engine
         # the serving engine with and without SchedulerConfig(speculative_tokens=gamma)
 
-Each prompt is decoded greedily twice by the same engine path (eager, contiguous KV
-cache): plainly with ``generate``, and with ``speculative_generate`` drafting ``gamma``
-tokens per target call by prompt lookup (n-grams of the context, up to 3 tokens and at
-least ``--min-ngram``). Lossless rows
-only: the speculative tokens are compared with the plain ones and the table says so.
+Each prompt is decoded greedily twice by the serving engine: plainly with ``generate``,
+and with ``speculative_generate`` guessing up to ``gamma`` tokens per target pass by
+prompt lookup (n-grams of the context, up to 3 tokens and at least ``--min-ngram``) or,
+with ``--draft``, by a draft model inside the engine. A pass that verifies guesses runs
+eagerly (its shapes vary), while plain decode steps run the native executor: the
+measured speedup includes that difference. Lossless rows only: the speculative tokens are
+compared with the plain ones and the table says so.
 
 Prompts (:mod:`minillm.task_prompts`) come in three kinds: *input-grounded* (rewrite,
 extract, edit code: the answer copies spans of the prompt, which is what prompt lookup can
@@ -65,21 +67,19 @@ def timed(repeats: int, fn, *args, **kwargs):
 
 
 def rows_for(args, model, draft, prompt) -> list[tuple[str, int, float, object]]:
-    """(drafter, gamma, draft cost c, a function that makes a fresh proposer) per row."""
+    """(drafter, gamma, draft cost c, the proposer) per row."""
     rows = [] if args.no_lookup else [
-        (f"prompt lookup, n-gram >= {n}", gamma, 0.0,
-         partial(PromptLookup, model.config.vocab_size, min_ngram=n))
+        (f"prompt lookup, n-gram >= {n}", gamma, 0.0, PromptLookup(min_ngram=n))
         for gamma, n in itertools.product(args.gamma, args.min_ngram)]
     if draft is not None:
-        max_len = len(prompt) + args.new_tokens + max(args.gamma) + 1
-        rows += [("learned draft", gamma, draft_cost(draft, model),
-                  partial(DraftModel, draft, SamplingParams(), max_len)) for gamma in args.gamma]
+        rows += [("learned draft", gamma, draft_cost(draft, model), DraftModel(draft))
+                 for gamma in args.gamma]
     return rows
 
 
-def speculate(model, make_proposer, prompt, new_tokens, gamma, stop):
-    """One speculative generation with a fresh proposer (a draft's cache starts empty)."""
-    return speculative_generate(model, make_proposer(), prompt, new_tokens, gamma=gamma,
+def speculate(model, proposer, prompt, new_tokens, gamma, stop):
+    """One speculative generation (the engine starts afresh: a draft's cache is empty)."""
+    return speculative_generate(model, proposer, prompt, new_tokens, gamma=gamma,
                                 stop_tokens=stop)
 
 
@@ -148,8 +148,8 @@ def main(argv=None):
     for kind, name, prompt in task_prompts(tokenizer):
         plain_seconds, (plain,) = timed(args.repeats, generate, model, [prompt],
                                         args.new_tokens, stop_tokens=stop)
-        for drafter, gamma, cost, make_proposer in rows_for(args, model, draft, prompt):
-            seconds, (tokens, stats) = timed(args.repeats, speculate, model, make_proposer,
+        for drafter, gamma, cost, proposer in rows_for(args, model, draft, prompt):
+            seconds, (tokens, stats) = timed(args.repeats, speculate, model, proposer,
                                              prompt, args.new_tokens, gamma, stop)
             same = "yes" if tokens == plain else "NO"
             alpha = stats.acceptance_rate

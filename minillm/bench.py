@@ -1,4 +1,4 @@
-"""Decode-speed benchmark: minillm at fp32, int8 and int4 vs Hugging Face ``generate``.
+"""Decode-speed benchmark: the engine's executors at fp32, int8 and int4 vs Hugging Face.
 
 Decoding one token at batch 1 must read every weight once, so its speed limit is the
 memory bandwidth: ``roofline tokens/s = bandwidth / bytes of weights per token``. We
@@ -8,9 +8,12 @@ roofline of its own weights (fp32, int8 or int4 bytes).
 
 Every row decodes the same prompts greedily and is checked against a reference row: the
 fp32 rows against Hugging Face, the quantized rows against the same quantized weights run
-the simple way (dequantize, then matmul). The W8A8 row rounds activations as well, a
-different computation: it reports how many leading tokens it shares with that reference.
-External peers (``benchmarks/llama_cpp.py``) join the table as rows without tokens.
+the simple way (dequantize, then matmul, in the course's reference loop). The W8A8 and
+W4A8 rows round activations as well, a different computation: they report how many
+leading tokens they share with that reference. The engine rows (:mod:`minillm.serve`, one
+executor each) also report the host time of a decode step: its wall time minus its
+forward pass. External peers (``benchmarks/llama_cpp.py``) join the table as rows without
+tokens.
 
 Used by ``benchmarks/decode.py`` and ``minillm bench``.
 """
@@ -18,17 +21,20 @@ Used by ``benchmarks/decode.py`` and ``minillm bench``.
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
-from .generate import generate, pad_left
 from .model import Transformer
 from .quant import QuantScheme, quantize_model
 from .quant.embedding import compact_embedding
 from .quant.qlinear import model_nbytes
+from .reference import generate as reference_generate
+from .reference import pad_left
 from .roofline import copy_bandwidth
+from .sampling import SamplingParams
 
 BENCH_QUESTIONS = [
     "Explain why the sky is blue.",
@@ -61,6 +67,7 @@ class DecodeRow:
     weight_bytes: int  # bytes of weights one decode step reads
     reference: str = ""  # the row whose greedy tokens this one must reproduce
     first_run_seconds: float | None = None  # the warm-up run (includes compiling)
+    host_ms: float | None = None  # an engine row: median host time of a decode step
 
     @property
     def tokens_per_second(self) -> float:
@@ -98,14 +105,45 @@ def time_call(fn, repeats: int = 2, warmup: bool = True):
     return best, result, first
 
 
-def bench_minillm(name: str, model: Transformer, prompts, new_tokens: int, pad_id: int = 0,
-                  reference: str = "Hugging Face generate", repeats: int = 2,
-                  warmup: bool = True, use_cache: bool = True) -> DecodeRow:
+def bench_reference(name: str, model: Transformer, prompts, new_tokens: int, pad_id: int = 0,
+                    reference: str = "Hugging Face generate", repeats: int = 2,
+                    warmup: bool = True, use_cache: bool = True) -> DecodeRow:
+    """The course's dense loop (:mod:`minillm.reference`)."""
     seconds, tokens, first = time_call(
-        lambda: generate(model, prompts, new_tokens, use_cache=use_cache, pad_id=pad_id),
-        repeats, warmup)
+        lambda: reference_generate(model, prompts, new_tokens, use_cache=use_cache,
+                                   pad_id=pad_id), repeats, warmup)
     return DecodeRow(name, len(prompts), new_tokens, seconds, tokens,
                      weight_bytes_per_token(model), reference, first)
+
+
+def bench_engine(name: str, model: Transformer, prompts, new_tokens: int, executor: str,
+                 reference: str = "Hugging Face generate", repeats: int = 2) -> DecodeRow:
+    """The serving engine with ``executor`` on ``prompts`` at once, exactly ``new_tokens``
+    each (no stop tokens), one engine for every run (a compiled graph is built once, in
+    the warm-up run). Also the median host time of its decode steps: the step's wall
+    time minus its forward pass (scheduling, inputs, sampling, bookkeeping)."""
+    from .serve import LLM, SchedulerConfig
+
+    blocks = sum(-(-(len(p) + new_tokens) // 16) for p in prompts)
+    llm = LLM(model, num_blocks=blocks, prefix_caching=False, executor=executor,
+              scheduler=SchedulerConfig(max_batch=len(prompts), chunked_prefill=False,
+                                        max_tokens_per_step=sum(map(len, prompts))))
+    params = SamplingParams(max_tokens=new_tokens)
+    host: list[float] = []
+
+    def run():
+        seqs = [llm.add_request(prompt, params) for prompt in prompts]
+        while llm.has_work:
+            started = time.perf_counter()
+            llm.step()
+            if llm.runner.last_executor == executor:
+                host.append(time.perf_counter() - started - llm.runner.last_forward_seconds)
+        return [seq.output for seq in seqs]
+
+    seconds, tokens, first = time_call(run, repeats)
+    return DecodeRow(name, len(prompts), new_tokens, seconds, tokens,
+                     weight_bytes_per_token(model), reference, first,
+                     host_ms=1e3 * statistics.median(host) if host else None)
 
 
 def bench_hf(hf_model, prompts, new_tokens: int, pad_id: int, repeats: int = 2) -> DecodeRow:
@@ -155,8 +193,9 @@ def format_table(rows: list[DecodeRow], baseline: DecodeRow, bandwidth: float,
     by_name = {row.name: row for row in rows}
     peers = peers or {}
     lines = [f"| batch {baseline.batch}, {baseline.new_tokens} new tokens | tokens/s "
-             f"| vs {baseline.name} | vs peer | % of roofline | same greedy tokens as |",
-             "|---|---:|---:|---:|---:|---|"]
+             f"| vs {baseline.name} | vs peer | % of roofline | host ms/step "
+             "| same greedy tokens as |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         roofline = row.batch * bandwidth / row.weight_bytes
         peer = by_name.get(peers.get(row.name, ""))
@@ -164,70 +203,49 @@ def format_table(rows: list[DecodeRow], baseline: DecodeRow, bandwidth: float,
         lines.append(
             f"| {row.name} | {row.tokens_per_second:.1f} | "
             f"{row.tokens_per_second / baseline.tokens_per_second:.2f}x | {versus_peer} | "
-            f"{100 * row.tokens_per_second / roofline:.0f}% | {_agreement(row, by_name)} |")
+            f"{100 * row.tokens_per_second / roofline:.0f}% | "
+            f"{'' if row.host_ms is None else f'{row.host_ms:.2f}'} | "
+            f"{_agreement(row, by_name)} |")
     return "\n".join(lines)
 
 
-def quantized_models(plain: Transformer, scheme: QuantScheme) -> tuple[Transformer, Transformer]:
-    """(reference, fast): SmolLM2 with RTN-quantized linears and an int8 embedding, run the
-    simple way (dequantize, then matmul) and in the compiled weight-only layout."""
-    from .compile import compile_decode
-    from .quant.weight_only import to_weight_only
-
-    reference = compact_embedding(quantize_model(copy.deepcopy(plain), "rtn", scheme), "int8")
-    return reference, compile_decode(to_weight_only(copy.deepcopy(reference)))
-
-
-def int8_activation_model(reference: Transformer) -> Transformer:
-    """The int8 reference's weights with int8 activations (W8A8, minillm's kernel), compiled."""
-    from .compile import compile_decode
-    from .quant.int8_activations import to_int8_activations
-
-    return compile_decode(to_int8_activations(copy.deepcopy(reference)))
-
-
-def native_int8_model(reference: Transformer) -> Transformer:
-    """The reference's int8 (or int4) weights with int8 activations, every block of a step
-    in C++."""
-    from .native_decode import native_decode
-    from .quant.int8_activations import to_int8_activations
-
-    return native_decode(to_int8_activations(copy.deepcopy(reference)))
+def quantized_reference(plain: Transformer, scheme: QuantScheme) -> Transformer:
+    """SmolLM2 with RTN-quantized linears and an int8 embedding, run the simple way
+    (dequantize, then matmul): the tokens the quantized engine rows must reproduce."""
+    return compact_embedding(quantize_model(copy.deepcopy(plain), "rtn", scheme), "int8")
 
 
 def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
                 compiled: bool = True, quantized: bool = True) -> list[DecodeRow]:
-    """Every minillm row (and Hugging Face's) for one batch size, same prompts."""
-    from .compile import compile_decode
-    from .weight_layout import transpose_linear_weights
+    """Every minillm row (and Hugging Face's) for one batch size, same prompts: the course's
+    dense loop, then the engine with each executor, for fp32, int8 and int4 weights."""
+    from .quant.int8_activations import to_int8_activations
+    from .quant.weight_only import to_weight_only
 
     prompts = [tokenizer.chat_prompt(q) for q in BENCH_QUESTIONS[:batch]]
     pad = tokenizer.pad_id
     rows = [bench_hf(hf, prompts, new_tokens, pad),
-            bench_minillm("minillm fp32, eager", plain, prompts, new_tokens, pad),
-            bench_minillm("minillm fp32, eager, [in, out] weights",
-                          transpose_linear_weights(copy.deepcopy(plain)), prompts, new_tokens,
-                          pad)]
+            bench_reference("minillm fp32, reference loop (dense, eager)", plain, prompts,
+                            new_tokens, pad),
+            bench_engine("minillm fp32, engine, eager", plain, prompts, new_tokens, "eager")]
     if compiled:
-        rows.append(bench_minillm("minillm fp32, compile_decode",
-                                  compile_decode(copy.deepcopy(plain)), prompts, new_tokens, pad))
+        rows.append(bench_engine("minillm fp32, engine, compiled", copy.deepcopy(plain),
+                                 prompts, new_tokens, "compiled"))
+    rows.append(bench_engine("minillm fp32, engine, native", plain, prompts, new_tokens,
+                             "native"))
     for precision, scheme in QUANTIZED.items() if quantized else ():
-        reference, fast = quantized_models(plain, scheme)
-        name = f"minillm {precision}, dequantize + matmul"
-        rows.append(bench_minillm(name, reference, prompts, new_tokens, pad, reference="",
-                                  repeats=1, warmup=False))
+        reference = quantized_reference(plain, scheme)
+        name = f"minillm {precision}, dequantize + matmul (reference loop)"
+        rows.append(bench_reference(name, reference, prompts, new_tokens, pad, reference="",
+                                    repeats=1, warmup=False))
         if compiled:
-            rows.append(bench_minillm(f"minillm {precision}, weight-only, compiled", fast,
-                                      prompts, new_tokens, pad, reference=name))
-        if compiled and precision == "int8":
-            rows.append(bench_minillm("minillm int8, int8 activations (W8A8), compiled",
-                                      int8_activation_model(reference), prompts, new_tokens,
-                                      pad, reference=name))
-        if batch == 1:  # native steps serve batch 1 only
-            rows.append(bench_minillm(f"minillm {precision}, int8 activations "
-                                      f"({NATIVE_FORMAT[precision]}), native decode",
-                                      native_int8_model(reference), prompts, new_tokens, pad,
-                                      reference=name))
+            rows.append(bench_engine(f"minillm {precision}, weight-only, engine, compiled",
+                                     to_weight_only(copy.deepcopy(reference)), prompts,
+                                     new_tokens, "compiled", reference=name))
+        rows.append(bench_engine(f"minillm {precision}, int8 activations "
+                                 f"({NATIVE_FORMAT[precision]}), engine, native",
+                                 to_int8_activations(copy.deepcopy(reference)), prompts,
+                                 new_tokens, "native", reference=name))
     return rows
 
 
@@ -236,7 +254,7 @@ def run_decode_benchmark(threads: int = 2, new_tokens: int = 128, uncached_token
                          quantized: bool = True, peers=None) -> None:
     """Print one table per batch size; every row decodes the same prompts greedily.
 
-    ``compiled`` adds the ``compile_decode`` rows (their warm-up runs include minutes of
+    ``compiled`` adds the compiled-executor rows (their warm-up runs include minutes of
     compiling, reported separately); ``quantized`` the int8/int4 rows. ``peers(batch)``
     may return external rows (llama.cpp) and a dict naming each minillm row's peer.
     """
@@ -265,9 +283,9 @@ def run_decode_benchmark(threads: int = 2, new_tokens: int = 128, uncached_token
         print()
     if uncached_tokens:
         prompt = [tokenizer.chat_prompt(BENCH_QUESTIONS[0])]
-        cached = bench_minillm("KV cache", plain, prompt, uncached_tokens, repeats=1)
-        uncached = bench_minillm("no cache", plain, prompt, uncached_tokens, repeats=1,
-                                 warmup=False, use_cache=False)
+        cached = bench_reference("KV cache", plain, prompt, uncached_tokens, repeats=1)
+        uncached = bench_reference("no cache", plain, prompt, uncached_tokens, repeats=1,
+                                   warmup=False, use_cache=False)
         print(f"KV cache vs no cache, batch 1, {uncached_tokens} new tokens: "
               f"{cached.tokens_per_second:.1f} vs {uncached.tokens_per_second:.1f} tokens/s, "
               f"{cached.tokens_per_second / uncached.tokens_per_second:.1f}x\n")

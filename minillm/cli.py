@@ -22,6 +22,7 @@ import time
 from .assets import AssetError
 from .grading import check_impl
 from .grading.grade import GradingError
+from .serve.executors import EXECUTORS
 
 
 def cmd_fetch(args) -> None:
@@ -34,16 +35,15 @@ def cmd_fetch(args) -> None:
 
 
 def _load(args):
-    """The model in its fastest CPU layout for decoding, and its tokenizer."""
+    """The model (int8/int4 checkpoints in the weight-only decode layout) and its tokenizer."""
     from .checkpoint import load_model
     from .quant.weight_only import to_weight_only
     from .tokenizer import Tokenizer
-    from .weight_layout import transpose_linear_weights
 
     model = load_model(args.model, attn_backend=args.backend)
     if args.int8_activations:
         _use_int8_activations(model, args.model)
-    return transpose_linear_weights(to_weight_only(model)), Tokenizer(args.model)
+    return to_weight_only(model), Tokenizer(args.model)
 
 
 def _use_int8_activations(model, source: str) -> None:
@@ -70,42 +70,40 @@ def _check_generate_options(args) -> None:
         raise ValueError(f"--window must be at least 1, got {args.window}")
 
 
-def _should_compile(args, model) -> bool:
-    """--compile / --no-compile, or by default: compile models with compressed weights (their
-    fast decode path is the compiled one) when decoding with a full KV cache."""
-    from .linear import CompressedLinear
+def _token_stream(args, model, tokenizer, prompt: list[int]):
+    """The new tokens, one [1] tensor per step: the engine, or with --no-cache or --window
+    the course's dense loop (:mod:`minillm.reference`), which alone has those caches."""
+    from .sampling import SamplingParams
 
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              repetition_penalty=args.repetition_penalty, seed=args.seed)
     if args.no_cache or args.window is not None:
-        return False
-    if args.compile is not None:
-        return args.compile
-    return any(isinstance(m, CompressedLinear) for m in model.modules())
+        from .reference import generate_tokens
+
+        return generate_tokens(model, prompt, args.max_new_tokens, sampling,
+                               use_cache=not args.no_cache, window=args.window,
+                               stop_tokens=tokenizer.stop_tokens, pad_id=tokenizer.pad_id)
+    from .generate import generate_tokens
+
+    return generate_tokens(model, prompt, args.max_new_tokens, sampling,
+                           stop_tokens=tokenizer.stop_tokens, pad_id=tokenizer.pad_id,
+                           executor=_executor(args, model))
 
 
-def _can_decode_natively(args, model) -> bool:
-    """Whether every block runs int8 x int8, so decode steps can run in C++ (native_decode)."""
-    from .native_decode import check_native_decode
+def _executor(args, model) -> str:
+    """--executor, with auto resolved to the executor it picks for ``model``."""
+    from .serve.executors import auto_executor
 
-    if args.no_cache or args.window is not None or args.compile:
-        return False
-    try:
-        check_native_decode(model)
-    except ValueError:
-        return False  # some layers stay in another format: the compiled step serves them
-    return True
+    return auto_executor(model) if args.executor == "auto" else args.executor
 
 
 def cmd_generate(args) -> None:
     from .assets import minillm_home
-    from .generate import generate_tokens
-    from .sampling import SamplingParams
 
     _check_generate_options(args)
     # Inductor's compiled steps go to minillm's home; set before anything imports Inductor,
     # which fixes its cache directory on import (transformers' tokenizer loading does).
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(minillm_home() / "inductor"))
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              repetition_penalty=args.repetition_penalty, seed=args.seed)
     model, tokenizer = _load(args)
     prompt = tokenizer.chat_prompt(args.prompt) if args.chat else tokenizer.encode(args.prompt)
     room = model.config.max_position_embeddings - len(prompt)
@@ -113,19 +111,7 @@ def cmd_generate(args) -> None:
         raise ValueError(f"the prompt takes {len(prompt)} of the model's "
                          f"{model.config.max_position_embeddings} tokens of context; "
                          f"use --max-new-tokens {max(room, 0)} or less")
-    native = args.int8_activations and _can_decode_natively(args, model)
-    compiling = not native and _should_compile(args, model)
-    if native:
-        from .native_decode import native_decode
-
-        model = native_decode(model)
-    elif compiling:
-        from .compile import compile_decode
-
-        model = compile_decode(model)
-    stream = generate_tokens(model, prompt, args.max_new_tokens, sampling,
-                             use_cache=not args.no_cache, window=args.window,
-                             stop_tokens=tokenizer.stop_tokens, pad_id=tokenizer.pad_id)
+    stream = _token_stream(args, model, tokenizer, prompt)
     first = next(stream)  # any error of the request comes before the prompt is printed
     if not args.chat:
         print(args.prompt, end="", flush=True)
@@ -145,7 +131,8 @@ def cmd_generate(args) -> None:
     if not args.stream:
         print(tokenizer.decode(new_tokens), end="")
     print()
-    if compiling and len(new_tokens) > 1:
+    compiled = not (args.no_cache or args.window) and _executor(args, model) == "compiled"
+    if compiled and len(new_tokens) > 1:
         print(f"(decode step compiled in {first_step:.0f} s; Inductor caches it in "
               f"{os.environ['TORCHINDUCTOR_CACHE_DIR']})", file=sys.stderr)
 
@@ -294,7 +281,7 @@ def _serving_model(args):
     return model
 
 
-def cmd_serve(args) -> None:
+def cmd_serve(args) -> int:
     import uvicorn
 
     from .serve import LLM, SchedulerConfig
@@ -305,12 +292,27 @@ def cmd_serve(args) -> None:
                                 speculative_tokens=args.speculative_tokens)
     llm = LLM(_serving_model(args), num_blocks=args.num_blocks, scheduler=scheduler,
               tensor_parallel_size=args.tensor_parallel,
-              shard_attention=not args.replicate_attention, tokenizer=Tokenizer(args.model))
+              shard_attention=not args.replicate_attention, tokenizer=Tokenizer(args.model),
+              worker_timeout=args.worker_timeout, executor=args.executor,
+              draft_model=args.draft_model)
+    stopped: list[str] = []
+
+    def engine_stopped(reason: str) -> None:  # serve nothing rather than hang: exit, 1
+        print(f"minillm serve: the engine stopped: {reason}", file=sys.stderr)
+        stopped.append(reason)
+        server.should_exit = True
+
+    app = create_app(llm, args.served_name or args.model, on_engine_stop=engine_stopped,
+                     api_key=args.api_key or os.environ.get("MINILLM_API_KEY"))
+    # SIGTERM/Ctrl-C: open streams get a few seconds to finish, then the server exits even
+    # if a step is stuck (the engine's step thread is a daemon).
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="warning", timeout_graceful_shutdown=3))
     try:
-        uvicorn.run(create_app(llm, args.served_name or args.model), host=args.host,
-                    port=args.port, log_level="warning")
+        server.run()
     finally:
         llm.close()
+    return 1 if stopped else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,6 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "multiply in integers (W8A8; grouped int4 weights: W4A8), "
                             "slightly less accurate")
 
+    def executor_option(p):
+        p.add_argument("--executor", default="auto", choices=EXECUTORS,
+                       help="how decode steps are computed: native (C++; float32, W8A8, "
+                            "W4A8), compiled (torch.compile per batch bucket: the "
+                            "weight-only int8/int4 layouts; the first steps take a minute "
+                            "or two to compile), eager, or auto (the fastest the model "
+                            "allows)")
+
     gen = sub.add_parser("generate", help="continue a prompt, or answer it with --chat")
     gen.add_argument("prompt")
     model_options(gen)
@@ -345,9 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print tokens as they come")
     gen.add_argument("--no-cache", action="store_true", help="recompute the prefix every step")
     gen.add_argument("--window", type=int, default=None, help="sliding-window KV cache size")
-    gen.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                     help="torch.compile the decode step (default: for quantized models, "
-                          "whose fast path it is; the first compile takes a minute or two)")
+    executor_option(gen)
     gen.set_defaults(func=cmd_generate)
 
     ppl = sub.add_parser("perplexity", help="perplexity on a fixed corpus split")
@@ -426,7 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="checkpoint dir (float or `minillm quantize` output), hub id, or "
                             "smollm2 (default)")
     serve.add_argument("--served-name", help="the model name clients ask for (default: --model)")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default: this machine only; 0.0.0.0 "
+                            "serves the network, with --api-key)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 (or set "
+                            "MINILLM_API_KEY)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--num-blocks", type=int, default=1024, help="KV-cache blocks of 16 tokens")
     serve.add_argument("--max-batch", type=int, default=16, help="sequences per step")
@@ -435,6 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--replicate-attention", action="store_true",
                        help="with --tensor-parallel: keep attention whole on every process "
                             "(SmolLM2 on 2 processes)")
+    executor_option(serve)
+    serve.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="with --tensor-parallel: how long a step may take before the "
+                            "workers count as hung and the server stops (exit status 1)")
+    serve.add_argument("--draft-model", default=None, metavar="DIR",
+                       help="with --speculative-tokens: a smaller model guesses instead of "
+                            "prompt lookup (e.g. one made by minillm distill)")
     serve.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
                        help="prompt-lookup guesses per decode step (chapter 11; 0: off)")
     serve.add_argument("--int8-activations", action="store_true",
@@ -452,11 +472,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0
     except (ValueError, AssetError, GradingError) as error:
         print(f"minillm {args.command}: error: {error}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ These caches share one interface, used by :class:`minillm.model.Transformer`:
   call a model layer makes, which the serving engine's paged cache
   (:mod:`minillm.serve.paged_cache`) implements too;
 * ``advance(n_new)``: after all layers ran, count the new tokens as stored;
-* ``rewind(n)`` (contiguous and static caches): forget the last ``n`` stored steps
-  (speculative decoding's rejected tokens).
+* ``rewind(n)`` (contiguous caches): forget the last ``n`` stored steps (speculative
+  decoding's rejected tokens).
 
 A *time step* is a column of the batch: with left padding it is not a token position.
 """
@@ -89,54 +89,6 @@ class KVCache(DenseCache):
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot rewind {n} of {self.length} stored steps")
         self.length -= n
-
-
-class StaticKVCache(KVCache):
-    """A contiguous cache whose tensors never change shape, for ``torch.compile``.
-
-    Every forward attends to all slots; the causal mask hides the slots not written yet
-    (their steps lie in the future). The write position ``next_step`` is a tensor, not a
-    Python int, so a compiled decode step is the same graph at every step. The slots are
-    rounded up to a multiple of ``SLOT_BUCKET``, so generations of different lengths reuse
-    one compiled graph. There is no overflow check (it would need the position as a Python
-    int): allocate enough slots.
-
-    Each layer's K and V is a tensor of its own (``keys`` and ``values`` are lists): a
-    compiled step that writes into one layer of a stacked tensor copies the whole stack,
-    every layer, at every layer.
-    """
-
-    decode_needs_mask = True
-    SLOT_BUCKET = 256
-
-    def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        max_len = -(-max_len // self.SLOT_BUCKET) * self.SLOT_BUCKET
-        shape = (batch_size, config.num_kv_heads, max_len, config.head_dim)
-        self.keys, self.values = ([torch.zeros(shape, dtype=dtype, device=device)
-                                   for _ in range(config.num_layers)] for _ in range(2))
-        self.max_len = max_len
-        self.all_steps = torch.arange(max_len, device=device)
-        self.next_step = torch.zeros((), dtype=torch.long, device=device)
-        self._writing = self.next_step
-
-    def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self._writing = self.next_step + torch.arange(n_new, device=self.all_steps.device)
-        return self._writing, self.all_steps
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.keys[layer].index_copy_(2, self._writing, k)
-        self.values[layer].index_copy_(2, self._writing, v)
-        return self.keys[layer], self.values[layer]
-
-    def advance(self, n_new: int) -> None:
-        self.next_step += n_new
-
-    def rewind(self, n: int) -> None:
-        self.next_step -= n  # the forgotten slots lie in the future again: masked
-
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in [*self.keys, *self.values])
 
 
 class SlidingWindowKVCache(DenseCache):

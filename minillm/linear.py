@@ -28,8 +28,10 @@ from tqdm.auto import tqdm
 
 DEFAULT_SKIP = ("lm_head",)  # the tied lm_head is the embedding: compressed on its own
 # Up to this many rows of x, a compiled product written as one sum per output row (each
-# weight read once) beats a matmul: a decode step of batch 1 to 4.
-MAX_REDUCTION_ROWS = 4
+# weight read once) beats a matmul: a decode step of one sequence. At 2 and 4 rows
+# Inductor's loop for the sum read the weights once per row and ran slower than MKL's mm
+# (SmolLM2 fp32 steps of 96 and 200 ms against 57 and 55: benchmarks/step_time.py).
+MAX_REDUCTION_ROWS = 1
 
 
 @runtime_checkable

@@ -16,7 +16,6 @@ from torch import nn
 
 from .attention import get_backend
 from .config import ModelConfig
-from .kv_cache import KVCache
 from .rope import RotaryEmbedding, apply_rotary
 
 
@@ -43,14 +42,9 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, hidden, bias=bias)
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d, bias=bias)
-        self.gate_up_proj = None  # both in one product, after fuse_projections()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Attention(nn.Module):
@@ -66,22 +60,15 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, config.num_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(d, config.num_kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(config.num_heads * hd, d, bias=bias)
-        self.qkv_proj = None  # the three in one product, after fuse_projections()
         self.backend = get_backend(backend)
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         batch, seq, _ = x.shape
         return x.view(batch, seq, heads, self.head_dim).transpose(1, 2)
 
-    def _project(self, x: torch.Tensor):
-        if self.qkv_proj is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv_size = self.num_kv_heads * self.head_dim
-        return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv_size, kv_size], -1)
-
     def forward(self, x, rope_cos, rope_sin, mask, cache=None):
         batch, seq, _ = x.shape
-        q, k, v = self._project(x)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = (self._split_heads(q, self.num_heads), self._split_heads(k, self.num_kv_heads),
                    self._split_heads(v, self.num_kv_heads))
         q, k = apply_rotary(q, rope_cos, rope_sin), apply_rotary(k, rope_cos, rope_sin)
@@ -141,7 +128,6 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config)
         self.attn_backend = attn_backend
-        self.cache_class = KVCache  # what generate() decodes with (compile_decode changes it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -184,29 +170,36 @@ class Transformer(nn.Module):
         else:
             mask = build_attention_mask(query_steps, key_steps, attention_mask, window)
 
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, rope_cos, rope_sin, mask, cache)
+        x = self.run_layers(self.embed_tokens(input_ids), rope_cos, rope_sin, mask, cache)
         if cache is not None:
             cache.advance(seq)
-        if last_only:
-            x = x[:, -1:]
-        return self.lm_head(self.norm(x))
+        return self.head(x[:, -1:] if last_only else x)
 
     def forward_flat(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
-                     logits_at: torch.Tensor) -> torch.Tensor:
+                     logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """The serving engine's forward: the tokens of many sequences in one flat list.
 
         token_ids, positions: [tokens], each token's id and its position in its sequence.
-        cache: a :class:`~minillm.serve.paged_cache.PagedKVCache` whose ``metadata`` says
-            which tokens belong to which sequence (so no mask is built here).
-        logits_at: the rows whose logits are wanted (each sequence's last token) -> [rows, vocab].
+        cache: the paged pool bound to this pass's metadata
+            (:class:`~minillm.serve.paged_cache.PagedAttention`, or a decode executor's
+            view), which says which tokens belong to which sequence (no mask is built).
+        logits_at: the rows whose logits are wanted (each sequence's last token; None: all)
+            -> [rows, vocab].
         """
         x = self.embed_tokens(token_ids)[None]  # one "batch row" holding every token
         rope_cos, rope_sin = self.rope(positions[None])
+        x = self.run_layers(x, rope_cos, rope_sin, None, cache)[0]
+        return self.head(x if logits_at is None else x[logits_at])
+
+    def run_layers(self, x: torch.Tensor, rope_cos, rope_sin, mask, cache) -> torch.Tensor:
+        """Every block in turn: the one place both forwards (and pipeline stages) share."""
         for layer in self.layers:
-            x = layer(x, rope_cos, rope_sin, None, cache)
-        return self.lm_head(self.norm(x[0, logits_at]))
+            x = layer(x, rope_cos, rope_sin, mask, cache)
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm, then the LM head: hidden states -> logits."""
+        return self.lm_head(self.norm(x))
 
     def _rope_positions(self, query_steps, attention_mask):
         """Token positions for RoPE: the step index, or, with left padding, steps minus padding."""

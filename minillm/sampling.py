@@ -17,10 +17,14 @@ Steps 1–4 are :func:`process_logits`; :func:`sample` adds step 5 (or the argma
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+# A seed is a signed 64-bit integer (OpenAI's `seed`); sample i of a request draws with
+# seed + i, which a torch.Generator still takes (it accepts -2**63 .. 2**64 - 1).
+SEED_RANGE = (-2**63, 2**63 - 1)
 MAX_LOGPROBS = 20  # alternatives recorded per token, at most (OpenAI's top_logprobs limit)
 
 
@@ -40,8 +44,14 @@ class SamplingParams:
     # top `logprobs` alternatives (None: nothing recorded)
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be a 64-bit integer ({SEED_RANGE[0]} to "
+                             f"{SEED_RANGE[1]}), got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
         if self.top_k < 0 or int(self.top_k) != self.top_k:
@@ -110,7 +120,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams,
         logits = apply_repetition_penalty(logits, previous, params.repetition_penalty, valid)
     if params.greedy:
         return logits
-    logits = logits / params.temperature
+    # (logits - max) / T rather than logits / T: the same softmax, and no inf - inf = NaN
+    # when T is tiny (every logit but the largest goes to -inf, the largest stays 0).
+    logits = (logits - logits.max(-1, keepdim=True).values) / params.temperature
     if params.top_k:
         logits = top_k_filter(logits, params.top_k)
     if params.top_p < 1.0:

@@ -16,23 +16,27 @@ Greedy decoding is the same rule with one-hot p: a draft token survives iff it i
 target's argmax, and the correction is the argmax — so one code path serves both.
 
 The same temperature / top-k / top-p transform (:func:`minillm.sampling.process_logits`)
-turns the target's and the draft's logits into p and q. After each check both KV caches
-are rewound to the accepted prefix: the target's keeps the tokens it saw up to the last
-accepted draft; the draft's, whatever of its guesses survived.
+turns the target's and the draft's logits into p and q. After each check only the
+accepted guesses count as computed in the target's KV cache, and the draft's keeps what
+of its guesses survived.
+
+:func:`speculative_generate` is the serving engine with speculation, for one request: the
+guesses come from prompt lookup (:class:`PromptLookup`) or a draft model
+(:class:`DraftModel`, run inside the engine with its own paged cache:
+:mod:`minillm.serve.proposers`), and the engine's runner checks them with
+:func:`check_drafts`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
-from .generate import _check_request
-from .kv_cache import KVCache
 from .model import Transformer
+from .reference import check_request
 from .sampling import SamplingParams, process_logits
 
 
@@ -89,41 +93,13 @@ def verify_greedy(choices: list[int], draft: list[int]) -> tuple[int, int]:
     return accepted, choices[accepted]
 
 
-class Proposer(Protocol):
-    """A draft: guesses the next ``gamma`` tokens of ``tokens``; returns them and the
-    distributions they were drawn from [gamma, vocab]."""
-
-    def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]: ...
-
-    def accepted(self, num_tokens: int) -> None:
-        """The context now has ``num_tokens`` verified tokens (forget the rest)."""
-
-
+@dataclass(frozen=True)
 class DraftModel:
-    """A smaller model as the draft, sampling with the same ``params`` as the target."""
+    """A smaller model as the draft (it must share the target's tokenizer): it guesses
+    with the request's own sampling parameters, inside the engine
+    (:mod:`minillm.serve.proposers`)."""
 
-    def __init__(self, model: Transformer, params: SamplingParams, max_len: int):
-        self.model, self.params = model, params
-        self.cache = KVCache(model.config, 1, max_len, model.dtype, model.device)
-        self.generator = params.make_generator(model.device)
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed + 1)  # not the target's random stream
-
-    def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]:
-        fed = self.cache.length
-        feed = torch.tensor([tokens[fed:]], device=self.model.device)
-        drafted, dists = [], []
-        for _ in range(gamma):
-            logits = self.model(feed, self.cache, last_only=True)[0, -1]
-            probs = probabilities(logits, self.params)
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
-            drafted.append(token)
-            dists.append(probs)
-            feed = torch.tensor([[token]], device=self.model.device)
-        return drafted, torch.stack(dists)
-
-    def accepted(self, num_tokens: int) -> None:
-        self.cache.rewind(max(self.cache.length - num_tokens, 0))
+    model: Transformer
 
 
 def lookup_ngram(tokens: Sequence[int], gamma: int, max_ngram: int = 3,
@@ -140,29 +116,32 @@ def lookup_ngram(tokens: Sequence[int], gamma: int, max_ngram: int = 3,
     return []
 
 
+@dataclass(frozen=True)
 class PromptLookup:
-    """:func:`lookup_ngram` as a :class:`Proposer`: free to run, and good when the answer
-    copies its input (rewriting, editing, extracting). A one-token match is nearly always
-    found and rarely right in free text, where each wasted proposal still costs a longer
-    verification: ``min_ngram=2`` proposes less often (``benchmarks/speculative.py``
-    measures both)."""
+    """:func:`lookup_ngram` as the draft: free to run, and good when the answer copies its
+    input (rewriting, editing, extracting). A one-token match is nearly always found and
+    rarely right in free text, where each wasted guess still costs a longer verification:
+    ``min_ngram=2`` proposes less often (``benchmarks/speculative.py`` measures both)."""
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+    max_ngram: int = 3
+    min_ngram: int = 1
 
-    def propose(self, tokens: list[int], gamma: int) -> tuple[list[int], torch.Tensor]:
-        drafted = lookup_ngram(tokens, gamma, self.max_ngram, self.min_ngram)
-        return drafted, F.one_hot(torch.tensor(drafted, dtype=torch.long),
-                                  self.vocab_size).float()
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, "
+                             f"{self.max_ngram}")
 
-    def accepted(self, num_tokens: int) -> None:
-        pass
+    def drafter(self, tokens: Sequence[int], gamma: int) -> list[int]:
+        """The engine's prompt-lookup drafter with these n-gram bounds."""
+        return lookup_ngram(tokens, gamma, self.max_ngram, self.min_ngram)
 
 
 @dataclass
 class SpeculativeStats:
+    """The target's passes after the prompt (each checks that step's guesses), the guesses
+    made and accepted, and the tokens those passes gave (every pass gives the accepted
+    guesses plus one: ``tokens_per_call`` is 1 without speculation)."""
+
     target_calls: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -178,51 +157,48 @@ class SpeculativeStats:
         return self.emitted / self.target_calls if self.target_calls else 0.0
 
 
-@torch.inference_mode()
-def speculative_generate(target: Transformer, proposer: Proposer, prompt: Sequence[int],
-                         max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
-                         gamma: int = 4, stop_tokens: Sequence[int] = (),
+def speculative_generate(target: Transformer, proposer: DraftModel | PromptLookup,
+                         prompt: Sequence[int], max_new_tokens: int,
+                         params: SamplingParams = SamplingParams(), *, gamma: int = 4,
+                         stop_tokens: Sequence[int] = (),
                          verifier=None) -> tuple[list[int], SpeculativeStats]:
-    """Generate up to ``max_new_tokens`` after ``prompt`` with ``proposer`` drafting ``gamma``
-    tokens per target call. Returns the new tokens (as plain sampling from the target would
-    distribute them; greedy: the very same tokens) and the acceptance statistics. Greedy
-    requests are verified by comparing tokens (:func:`verify_greedy`), sampled ones by
-    rejection sampling (:func:`verify`). A ``verifier`` with :func:`verify`'s signature
-    replaces both (greedy then goes through one-hot distributions; chapter 11 passes the
-    learner's)."""
+    """Generate up to ``max_new_tokens`` after ``prompt`` with ``proposer`` guessing up to
+    ``gamma`` tokens per target pass: the serving engine with speculation
+    (``SchedulerConfig(speculative_tokens=gamma)``, :mod:`minillm.serve`), one request.
+    Returns the new tokens (as plain sampling from the target would distribute them;
+    greedy: the very same tokens) and the acceptance statistics of the target's passes
+    after the prompt. Greedy requests are verified by comparing tokens
+    (:func:`verify_greedy`), sampled ones by rejection sampling (:func:`verify`). A
+    ``verifier`` with :func:`verify`'s signature replaces both (greedy then goes through
+    one-hot distributions; chapter 11 passes the learner's)."""
+    from .serve import LLM, SchedulerConfig
+
     if params.repetition_penalty != 1.0:
         raise ValueError("speculative decoding here supports temperature, top-k and top-p; "
                          "a repetition penalty makes p depend on the draft's tokens")
     if gamma < 1:
         raise ValueError(f"gamma must be at least 1, got {gamma}")
     tokens = [int(t) for t in prompt]
-    _check_request(target, [tokens], max_new_tokens, 0)
-    cache = KVCache(target.config, 1, len(tokens) + max_new_tokens + gamma + 1, target.dtype,
-                    target.device)
-    generator = params.make_generator(target.device)
-    stats, stop, new = SpeculativeStats(), set(stop_tokens), []
-    target(torch.tensor([tokens[:-1]], device=target.device), cache)  # all but the last token
-    while len(new) < max_new_tokens:
-        room = max_new_tokens - len(new)
-        drafted, q = proposer.propose(tokens, min(gamma, room - 1)) if room > 1 else ([], None)
-        feed = torch.tensor([tokens[-1:] + drafted], device=target.device)
-        logits = target(feed, cache)[0]  # [len(drafted) + 1, vocab]
-        accepted, extra = check_drafts(logits, drafted, q, params, generator, verifier)
-        cache.rewind(len(drafted) - accepted)  # keep `last` and the accepted drafts
-        emitted = drafted[:accepted] + [extra]
-        stats.target_calls += 1
-        stats.drafted += len(drafted)
-        stats.accepted += accepted
-        stats.accepted_per_call.append(accepted)
-        for token in emitted:
-            new.append(token)
-            tokens.append(token)
-            if token in stop or len(new) == max_new_tokens:
-                stats.emitted = len(new)
-                return new, stats
-        proposer.accepted(len(tokens) - 1)  # every verified token but the newest
-    stats.emitted = len(new)
-    return new, stats
+    check_request(target, [tokens], max_new_tokens, 0)
+    drafter = proposer.drafter if isinstance(proposer, PromptLookup) else lookup_ngram
+    draft_model = proposer.model if isinstance(proposer, DraftModel) else None
+    llm = LLM(target, block_size=16, num_blocks=-(-(len(tokens) + max_new_tokens + gamma) // 16),
+              prefix_caching=False, draft_model=draft_model, verifier=verifier,
+              scheduler=SchedulerConfig(max_batch=1, speculative_tokens=gamma, drafter=drafter))
+    seq = llm.add_request(tokens, replace(params, max_tokens=max_new_tokens,
+                                          stop_token_ids=tuple(stop_tokens)))
+    stats = SpeculativeStats()
+    while llm.has_work:
+        verifying, accepted = not seq.in_prefill, seq.num_accepted
+        llm.step()
+        if verifying:  # a pass after the prompt: it checked this step's guesses
+            stats.target_calls += 1
+            stats.accepted_per_call.append(seq.num_accepted - accepted)
+    if seq.error is not None:
+        raise RuntimeError(seq.error)
+    stats.drafted, stats.accepted = seq.num_drafted, seq.num_accepted
+    stats.emitted = len(seq.output) - 1  # the first token came from the prompt's pass
+    return list(seq.output), stats
 
 
 def check_drafts(logits: torch.Tensor, drafted: list[int], q: torch.Tensor | None,

@@ -9,8 +9,18 @@ import base64
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import time
+
+
+def find_chromium() -> str:
+    """The Chromium (or Chrome) executable, or an error that says how to get one."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    raise RuntimeError("no Chromium found: `make test` installs it (apt-get install chromium); "
+                       "elsewhere, install Chromium or Chrome and put it on the PATH")
 
 
 class Chromium:
@@ -21,7 +31,7 @@ class Chromium:
         child_in, child_out = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
                                for fd in (commands_read, replies_write))
         self.process = subprocess.Popen(
-            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--remote-debugging-pipe", f"--window-size={width},{height}", "about:blank"],
             pass_fds=(3, 4), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

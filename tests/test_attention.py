@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.attention import get_backend
 from minillm.attention.naive import naive_attention
 from minillm.attention.tiled import online_softmax_step, tiled_attention_with_lse
 from minillm.generate import generate
 from minillm.model import build_attention_mask
+from minillm.testing import tiny_pair
 
 
 def reference(q, k, v, causal=False, mask=None):

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.awq import (
     InputStats,
@@ -31,6 +30,7 @@ from minillm.quant.awq import (
 )
 from minillm.quant.basic import QuantScheme, fake_quantize
 from minillm.quant.qlinear import QuantLinear, quantize_model_rtn
+from minillm.testing import tiny_pair
 
 
 def planted_layer(seed: int = 0, out: int = 96, inp: int = 256, tokens: int = 512):

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from conftest import tiny_pair
 from minillm.checkpoint import resolve_checkpoint
 from minillm.cli import main
 from minillm.quant.checkpoint import copy_tokenizer_files
+from minillm.testing import tiny_pair
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -113,7 +113,7 @@ def test_generate_runs_a_quantized_checkpoint_through_the_compiled_fast_path(
     """``minillm quantize`` then ``minillm generate --model DIR``: weight-only layers, the
     decode step compiled (its time reported), the tokens of the slow path."""
     from minillm.checkpoint import load_model
-    from minillm.generate import generate
+    from minillm.reference import generate
 
     out = int8_checkpoint(capsys, tmp_path, tokenizer)
     code, text, err = run_cli(capsys, "generate", "Hello", "--model", str(out),
@@ -151,15 +151,13 @@ def test_generate_with_int8_activations_decodes_natively(capsys, tmp_path, token
     """--int8-activations: W8A8 layers, decode steps in C++ (nothing compiled), the tokens
     of the Python model."""
     from minillm.checkpoint import load_model
-    from minillm.generate import generate
-    from minillm.kv_cache import StaticKVCache
     from minillm.quant.int8_activations import to_int8_activations
+    from minillm.reference import generate
 
     out = int8_checkpoint(capsys, tmp_path, tokenizer)
     code, text, err = run_cli(capsys, "generate", "Hello", "--model", str(out),
                               "--max-new-tokens", "6", "--int8-activations")
     model = to_int8_activations(load_model(out))
-    model.cache_class = StaticKVCache
     expected = generate(model, tokenizer.encode("Hello"), 6, stop_tokens=tokenizer.stop_tokens)[0]
     expected = [t for t in expected if t not in tokenizer.stop_tokens]
     assert code == 0 and text == "Hello" + tokenizer.decode(expected) + "\n"

@@ -95,7 +95,6 @@ def test_bad_arguments():
 
 from dataclasses import replace  # noqa: E402
 
-from conftest import tiny_pair  # noqa: E402
 from minillm.distill import (  # noqa: E402
     DistillConfig,
     distill,
@@ -105,8 +104,8 @@ from minillm.distill import (  # noqa: E402
 )
 from minillm.draft import frequent_tokens, layer_dropped, reduce_head  # noqa: E402
 from minillm.generate import generate  # noqa: E402
-from minillm.sampling import SamplingParams  # noqa: E402
 from minillm.speculative import DraftModel, speculative_generate  # noqa: E402
+from minillm.testing import tiny_pair  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -159,5 +158,5 @@ def test_a_reduced_head_draft_keeps_speculative_decoding_exact(teacher):
     logits = draft(tokens[:1, :5])
     assert torch.isinf(logits).sum(-1).min() == 256 - len(draft.lm_head.vocab)
     prompt = tokens[0, :6].tolist()
-    out, _ = speculative_generate(teacher, DraftModel(draft, SamplingParams(), 128), prompt, 20)
+    out, _ = speculative_generate(teacher, DraftModel(draft), prompt, 20)
     assert out == generate(teacher, prompt, 20)[0]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
-from minillm.generate import generate
+from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
+from minillm.testing import tiny_pair
 
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [1, 2], [200, 100, 50, 25], list(range(30, 70)),
            [9] * 13, [4, 4, 8, 15, 16, 23, 42]]

@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.attention.paged import gather_kv
-from minillm.generate import generate
+from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
+from minillm.testing import tiny_pair
 
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [1, 2], list(range(30, 70)), [9] * 13]
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import varied_random_model
 from minillm.config import ModelConfig
-from minillm.generate import generate
+from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.speculative import probabilities
+from minillm.testing import varied_random_model
 
 CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_pair
 from minillm.eval import make_windows, perplexity
+from minillm.testing import tiny_pair
 
 
 @pytest.mark.parametrize("n, window, stride", [(100, 10, None), (101, 10, 4), (7, 10, None),

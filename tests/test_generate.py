@@ -1,14 +1,20 @@
-"""Generation: cached == uncached, batched == one by one, sliding window, streaming, errors."""
+"""Generation, both ways: the course's dense reference loop (cached == uncached, batched
+with padding == one by one, sliding window) and the engine's ``generate`` (equal to the
+reference under every sampling option and executor), streaming, stop tokens, errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from conftest import tiny_pair
-from minillm.generate import generate, generate_tokens, pad_left
+from minillm import reference
+from minillm.generate import generate, generate_tokens
 from minillm.kv_cache import KVCache, SlidingWindowKVCache, kv_cache_bytes
+from minillm.reference import pad_left
 from minillm.sampling import SamplingParams
+from minillm.testing import tiny_pair
+
+GENERATES = {"reference loop": reference.generate, "engine": generate}
 
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [1, 2], [200, 100, 50, 25]]
 
@@ -19,7 +25,8 @@ def tiny(tmp_path):
 
 
 def test_cached_equals_uncached(tiny):
-    assert generate(tiny, PROMPTS[0], 30) == generate(tiny, PROMPTS[0], 30, use_cache=False)
+    assert reference.generate(tiny, PROMPTS[0], 30) == \
+        reference.generate(tiny, PROMPTS[0], 30, use_cache=False)
 
 
 SAMPLING_OPTIONS = {
@@ -36,8 +43,17 @@ SAMPLING_OPTIONS = {
 @pytest.mark.parametrize("params", SAMPLING_OPTIONS.values(), ids=SAMPLING_OPTIONS.keys())
 @pytest.mark.parametrize("pad_id", [0, 15, 30])  # 15, 30: penalised as seen tokens, once
 def test_batched_with_padding_equals_one_by_one(tiny, params, pad_id):
-    batched = generate(tiny, PROMPTS, 20, params, pad_id=pad_id)
-    assert batched == [generate(tiny, p, 20, params, pad_id=pad_id)[0] for p in PROMPTS]
+    batched = reference.generate(tiny, PROMPTS, 20, params, pad_id=pad_id)
+    assert batched == [reference.generate(tiny, p, 20, params, pad_id=pad_id)[0]
+                       for p in PROMPTS]
+
+
+@pytest.mark.parametrize("params", SAMPLING_OPTIONS.values(), ids=SAMPLING_OPTIONS.keys())
+@pytest.mark.parametrize("executor", ["eager", "native", "auto"])
+def test_the_engine_generates_the_reference_tokens(tiny, params, executor):
+    expected = reference.generate(tiny, PROMPTS, 20, params)
+    assert generate(tiny, PROMPTS, 20, params, executor=executor) == expected
+    assert [generate(tiny, p, 20, params, executor=executor)[0] for p in PROMPTS] == expected
 
 
 def test_repetition_penalty_ignores_padding():
@@ -51,8 +67,8 @@ def test_repetition_penalty_ignores_padding():
 
 
 def test_batched_uncached_equals_one_by_one(tiny):
-    assert generate(tiny, PROMPTS, 12, use_cache=False) == [generate(tiny, p, 12)[0]
-                                                              for p in PROMPTS]
+    assert reference.generate(tiny, PROMPTS, 12, use_cache=False) == \
+        [reference.generate(tiny, p, 12)[0] for p in PROMPTS]
 
 
 def test_padded_logits_match_unpadded(tiny):
@@ -64,38 +80,45 @@ def test_padded_logits_match_unpadded(tiny):
             torch.testing.assert_close(batched[row], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_sampled_generation_is_reproducible_with_a_seed(tiny):
+@pytest.mark.parametrize("run", GENERATES.values(), ids=GENERATES.keys())
+def test_sampled_generation_is_reproducible_with_a_seed(tiny, run):
     params = SamplingParams(temperature=1.0, top_k=50, seed=123)
-    first = generate(tiny, PROMPTS, 16, params)
-    assert first == generate(tiny, PROMPTS, 16, params)
-    assert first != generate(tiny, PROMPTS, 16, SamplingParams(temperature=1.0, top_k=50, seed=7))
+    first = run(tiny, PROMPTS, 16, params)
+    assert first == run(tiny, PROMPTS, 16, params)
+    assert first != run(tiny, PROMPTS, 16, SamplingParams(temperature=1.0, top_k=50, seed=7))
 
 
 def test_sampled_cached_equals_uncached(tiny):
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
-    assert generate(tiny, PROMPTS[0], 16, params) == generate(tiny, PROMPTS[0], 16, params,
-                                                               use_cache=False)
+    assert reference.generate(tiny, PROMPTS[0], 16, params) == \
+        reference.generate(tiny, PROMPTS[0], 16, params, use_cache=False)
 
 
-def test_streaming_yields_the_same_tokens(tiny):
-    streamed = [t.item() for t in generate_tokens(tiny, PROMPTS[0], 10)]
+@pytest.mark.parametrize("module", [reference, None], ids=["reference loop", "engine"])
+def test_streaming_yields_the_same_tokens(tiny, module):
+    run, stream = (module.generate, module.generate_tokens) if module else \
+        (generate, generate_tokens)
+    streamed = [t.item() for t in stream(tiny, PROMPTS[0], 10)]
     seen = []
-    assert generate(tiny, PROMPTS[0], 10, on_token=lambda t: seen.append(t.item())) == [streamed]
+    assert run(tiny, PROMPTS[0], 10, on_token=lambda t: seen.append(t.item())) == [streamed]
     assert seen == streamed
 
 
-def test_stops_at_stop_token(tiny):
-    free = generate(tiny, PROMPTS[0], 20)[0]
+@pytest.mark.parametrize("run", GENERATES.values(), ids=GENERATES.keys())
+def test_stops_at_stop_token(tiny, run):
+    free = run(tiny, PROMPTS[0], 20)[0]
     stop = free[5]
     first = free.index(stop)
-    assert generate(tiny, PROMPTS[0], 20, stop_tokens=[stop]) == [free[:first + 1]]
+    assert run(tiny, PROMPTS[0], 20, stop_tokens=[stop]) == [free[:first + 1]]
 
 
-def test_stopped_rows_are_padded_while_others_continue(tiny):
-    free = generate(tiny, PROMPTS, 10)
+@pytest.mark.parametrize("stream", [reference.generate_tokens, generate_tokens],
+                         ids=GENERATES.keys())
+def test_stopped_rows_are_padded_while_others_continue(tiny, stream):
+    free = reference.generate(tiny, PROMPTS, 10)
     stop = free[0][2]
     pad = 255
-    steps = [t.tolist() for t in generate_tokens(tiny, PROMPTS, 10, stop_tokens=[stop], pad_id=pad)]
+    steps = [t.tolist() for t in stream(tiny, PROMPTS, 10, stop_tokens=[stop], pad_id=pad)]
     row0, others = [s[0] for s in steps], [s[1:] for s in steps]
     cut = row0.index(stop) + 1
     assert cut < 10 and all(t == pad for t in row0[cut:])
@@ -104,7 +127,8 @@ def test_stopped_rows_are_padded_while_others_continue(tiny):
 
 
 def test_sliding_window_larger_than_sequence_changes_nothing(tiny):
-    assert generate(tiny, PROMPTS[0], 20, window=64) == generate(tiny, PROMPTS[0], 20)
+    assert reference.generate(tiny, PROMPTS[0], 20, window=64) == \
+        reference.generate(tiny, PROMPTS[0], 20)
 
 
 def test_sliding_window_cache_equals_windowed_full_attention(tiny):
@@ -140,9 +164,10 @@ def test_kv_cache_memory_formula(tiny):
     ([list(range(100))], 40, "exceeds the model's context"),
     ([], 5, "no prompts"),
 ])
-def test_bad_requests_get_clear_errors(tiny, prompts, max_new, message):
+@pytest.mark.parametrize("run", GENERATES.values(), ids=GENERATES.keys())
+def test_bad_requests_get_clear_errors(tiny, prompts, max_new, message, run):
     with pytest.raises(ValueError, match=message):
-        generate(tiny, prompts, max_new)
+        run(tiny, prompts, max_new)
 
 
 def test_cache_overflow_is_a_clear_error(tiny):
@@ -155,37 +180,33 @@ def test_cache_overflow_is_a_clear_error(tiny):
 def test_smollm2_batched_padding_and_cache(smollm2, tokenizer):
     prompts = [tokenizer.chat_prompt(q) for q in
                ("What is 2 + 2?", "Write a haiku about the sea in autumn, please.")]
-    batched = generate(smollm2, prompts, 12, pad_id=tokenizer.pad_id)
-    assert batched == [generate(smollm2, p, 12)[0] for p in prompts]
-    assert generate(smollm2, prompts[0], 12, use_cache=False) == [batched[0]]
+    batched = reference.generate(smollm2, prompts, 12, pad_id=tokenizer.pad_id)
+    assert batched == [reference.generate(smollm2, p, 12)[0] for p in prompts]
+    assert reference.generate(smollm2, prompts[0], 12, use_cache=False) == [batched[0]]
+    assert generate(smollm2, prompts, 12) == batched  # the engine, native decode steps
 
 
-def test_static_cache_generates_the_same_tokens(tiny):
-    from minillm.kv_cache import StaticKVCache
+def test_the_reference_loop_takes_a_cache_class(tiny):
+    class CountingCache(KVCache):
+        updates = 0
 
-    expected = generate(tiny, PROMPTS, 12)
-    tiny.cache_class = StaticKVCache
-    assert generate(tiny, PROMPTS, 12) == expected
-    assert generate(tiny, PROMPTS[0], 12) == expected[:1]
+        def update(self, layer, k, v):
+            CountingCache.updates += 1
+            return super().update(layer, k, v)
 
-
-def test_compiled_decode_generates_the_same_tokens(tiny):
-    from minillm.compile import compile_decode
-
-    expected = generate(tiny, PROMPTS[0], 8)
-    assert generate(compile_decode(tiny, autotune=False), PROMPTS[0], 8) == expected
+    expected = reference.generate(tiny, PROMPTS[0], 6)
+    assert reference.generate(tiny, PROMPTS[0], 6, cache_class=CountingCache) == expected
+    assert CountingCache.updates == 6 * tiny.config.num_layers  # prefill + 5 decode steps
 
 
 def test_models_compiled_in_one_process_keep_their_own_graphs(tmp_path):
-    """Dynamo's module guards are off in compile_decode; another model (other sizes, another
-    weight format) compiled later must not run the first one's graph."""
-    from minillm.compile import compile_decode
-
+    """Dynamo's module guards are off in the compiled executor; another model (other sizes)
+    compiled later must not run the first one's graph."""
     small, _ = tiny_pair(tmp_path / "small")
     wide, _ = tiny_pair(tmp_path / "wide", hidden_size=96, intermediate_size=160)
-    expected = [generate(model, PROMPTS[0], 6) for model in (small, wide)]
-    compiled = [compile_decode(model, autotune=False) for model in (small, wide)]
-    assert [generate(model, PROMPTS[0], 6) for model in compiled] == expected
+    expected = [reference.generate(model, PROMPTS[0], 6) for model in (small, wide)]
+    assert [generate(model, PROMPTS[0], 6, executor="compiled")
+            for model in (small, wide)] == expected
 
 
 def test_benchmark_counts_the_tokens_two_runs_share():

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.basic import QuantScheme, quantize
 from minillm.quant.gptq import (
@@ -22,6 +21,7 @@ from minillm.quant.gptq import (
     quantize_model_gptq,
 )
 from minillm.quant.qlinear import QuantLinear, quantize_model_rtn
+from minillm.testing import tiny_pair
 
 SCHEMES = [QuantScheme(4, False, None), QuantScheme(4, False, 32), QuantScheme(3, False, None),
            QuantScheme(3, False, 32), QuantScheme(4, True, 32)]

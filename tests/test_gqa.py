@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.checkpoint import load_model, save_model
 from minillm.gqa import expand_kv_heads, pool_kv_heads, with_kv_heads
 from minillm.kv_cache import kv_cache_bytes
+from minillm.testing import tiny_pair
 
 
 def test_expand_to_mha_gives_identical_logits(tmp_path):

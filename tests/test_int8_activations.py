@@ -10,8 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
-from minillm.generate import generate
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.embedding import compact_embedding
 from minillm.quant.int8_activations import (
@@ -22,6 +20,8 @@ from minillm.quant.int8_activations import (
 )
 from minillm.quant.qlinear import QuantLinear
 from minillm.quant.weight_only import WeightOnlyLinear
+from minillm.reference import generate
+from minillm.testing import tiny_pair
 
 INT8 = QuantScheme(8, symmetric=True, group_size=None)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.generate import generate
+from minillm.testing import tiny_pair
 
 SENTENCE = ("The Eiffel Tower was built for the 1889 World's Fair in Paris and was, for forty "
             "years, the tallest man-made structure in the world.")

@@ -4,11 +4,12 @@ quantized linears split with their groups, and the serving engine on several pro
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import TINY, varied_random_model
 from minillm.checkpoint import load_model, resolve_checkpoint, save_model
 from minillm.config import ModelConfig
 from minillm.parallel import tensor_parallel
@@ -19,6 +20,7 @@ from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.quant.qlinear import quantize_model_rtn
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
+from minillm.testing import TINY, varied_random_model
 
 PROMPTS = [[5, 17, 99, 3, 42], [1, 2, 3], [200, 100, 50, 25, 12, 6]]
 
@@ -130,4 +132,48 @@ def test_bad_engine_configurations_fail_before_any_process_starts(varied_checkpo
         LLM("smollm2", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="pass the checkpoint's name or path"):
         LLM(load_model(varied_checkpoint), tensor_parallel_size=2)
+    assert not dist.is_initialized()
+
+
+SHARD_MODULE = '''
+from minillm.parallel.tensor import shard_weight as library_shard
+
+
+def my_shard(weight, dim, rank, world):
+    return library_shard(weight, dim, rank, world)
+
+
+def failing_shard(weight, dim, rank, world):
+    if rank > 0:
+        raise RuntimeError("this rank cannot cut its weights")
+    return library_shard(weight, dim, rank, world)
+'''
+
+
+@pytest.fixture
+def shard_module(tmp_path, monkeypatch):
+    """A module importable only through this process's sys.path (as the course's
+    ``solutions`` folder is from a notebook), not from the workers' working directory."""
+    (tmp_path / "course_shards.py").write_text(SHARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import course_shards
+    yield course_shards
+    del __import__("sys").modules["course_shards"]
+
+
+def test_a_shard_function_rank_0_imports_is_imported_by_the_workers(varied_checkpoint,
+                                                                   shard_module):
+    params = SamplingParams(max_tokens=8)
+    assert engine_tokens(varied_checkpoint, params, tensor_parallel_size=2,
+                         shard_weight=shard_module.my_shard) == engine_tokens(varied_checkpoint,
+                                                                             params)
+
+
+def test_a_worker_that_fails_while_loading_fails_the_start_in_seconds(varied_checkpoint,
+                                                                      shard_module):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker 1 \\(code 1\\)"):
+        LLM(varied_checkpoint, num_blocks=64, block_size=4, tensor_parallel_size=2,
+            shard_weight=shard_module.failing_shard)
+    assert time.monotonic() - start < 60  # not the loading barrier's ten minutes
     assert not dist.is_initialized()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.checkpoint import load_model
 from minillm.parallel.launch import run_ranks
 from minillm.parallel.pipeline import (
@@ -21,6 +20,7 @@ from minillm.parallel.pipeline import (
     schedule,
     stage_layers,
 )
+from minillm.testing import tiny_pair
 
 TOKENS = torch.tensor([[5, 17, 99, 3, 42, 7, 8, 5], [1, 2, 3, 4, 5, 6, 7, 8],
                        [9, 9, 8, 8, 7, 7, 6, 6], [200, 100, 50, 25, 12, 6, 3, 1]])

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
-from minillm.generate import generate
 from minillm.quant.basic import QuantScheme, fake_quantize
 from minillm.quant.embedding import CompactEmbedding, compact_embedding
 from minillm.quant.qlinear import QuantLinear, model_nbytes, quantize_model_rtn
+from minillm.reference import generate
+from minillm.testing import tiny_pair
 
 
 @pytest.mark.parametrize("scheme", [QuantScheme(4, False, 32), QuantScheme(4, True, None),

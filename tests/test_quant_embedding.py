@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.embedding import CompactEmbedding, TiedLMHead, compact_embedding
 from minillm.quant.qlinear import model_nbytes
+from minillm.testing import tiny_pair
 
 
 def test_int8_rows_are_within_half_a_step_of_the_original():

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.fp8 import FP8_DTYPE, FP8Linear, dequantize_fp8, quantize_fp8, quantize_model_fp8
 from minillm.quant.llm_int8 import (
@@ -30,6 +29,7 @@ from minillm.quant.nf4 import (
 )
 from minillm.quant.outliers import activation_stats, layer_inputs, outlier_features
 from minillm.quant.qlinear import model_nbytes
+from minillm.testing import tiny_pair
 
 # QLoRA, appendix E (and bitsandbytes' NF4 code book), rounded to 4 decimals
 PUBLISHED_NF4 = [-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0,

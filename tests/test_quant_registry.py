@@ -8,7 +8,6 @@ import copy
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.checkpoint import load_model
 from minillm.eval import perplexity
 from minillm.generate import generate
@@ -16,6 +15,7 @@ from minillm.linear import CompressedLinear
 from minillm.quant import QUANTIZERS, QuantScheme, quantize_model
 from minillm.quant.checkpoint import save_quantized
 from minillm.sampling import SamplingParams
+from minillm.testing import tiny_pair
 
 SCHEME = QuantScheme(bits=4, group_size=16)
 # name: (method, scheme, options, the largest perplexity ratio to the float model allowed)

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import TINY
 from minillm.bench import weight_bytes_per_token
 from minillm.config import ModelConfig
 from minillm.kv_cache import KVCache
@@ -19,6 +18,7 @@ from minillm.roofline import (
     matmul_flops,
     weight_bytes,
 )
+from minillm.testing import TINY
 
 
 def counted_flops(model, ids, cache, last_only=True) -> int:

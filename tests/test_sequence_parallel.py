@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.checkpoint import load_model
 from minillm.kv_cache import KVCache
 from minillm.parallel import COLLECTIVES, tensor_parallel
 from minillm.parallel.launch import run_ranks
 from minillm.parallel.sequence import activation_bytes, sequence_parallel
+from minillm.testing import tiny_pair
 
 TOKENS = [[5, 17, 99, 3, 42, 7, 8, 5, 11, 64, 2, 30], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 

@@ -15,8 +15,9 @@ import httpx
 import openai
 import pytest
 
-from minillm import Tokenizer, generate
+from minillm import Tokenizer
 from minillm.parallel.launch import free_port
+from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.detokenizer import IncrementalDetokenizer, held_back
 from minillm.serve.server import serve_in_background

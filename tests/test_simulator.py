@@ -43,3 +43,15 @@ def test_simulated_continuous_batching_beats_static_on_long_tailed_outputs():
             for policy in ("static", "continuous")}
     assert runs["continuous"].output_tokens == runs["static"].output_tokens
     assert runs["continuous"].throughput > 2 * runs["static"].throughput
+
+
+def test_dynamic_batching_waits_on_the_simulated_clock_for_a_batch_that_never_fills():
+    """Two requests, batches of four, steps far shorter than the wait: the batch starts
+    when the oldest has waited max_wait (the clock jumps there; nothing spins)."""
+    fast = CostModel(1.0, 0.0, 0.0, bandwidth=1e6, flops=1e6)  # a step takes a microsecond
+    trace = [TraceRequest(0.0, [1, 2, 3], 4), TraceRequest(0.1, [4, 5], 4)]
+    config = SchedulerConfig(policy="dynamic", max_batch=4, max_wait=1.0,
+                             chunked_prefill=False)
+    seqs = simulate(trace, fast, config, num_blocks=16)
+    assert all(seq.finished and len(seq.output) == 4 for seq in seqs)
+    assert seqs[0].token_times[0] == pytest.approx(1.0, abs=1e-3)  # waited the full second

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
 from minillm.generate import generate
 from minillm.quant.basic import QuantScheme, fake_quantize
 from minillm.quant.qlinear import model_nbytes
@@ -23,6 +22,7 @@ from minillm.quant.sparsity import (
     wanda_scores,
     weight_sparsity,
 )
+from minillm.testing import tiny_pair
 
 
 def randn(*shape, seed=0):

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
 from minillm.checkpoint import load_model
 from minillm.generate import generate
 from minillm.parallel import COLLECTIVES, tensor_parallel
 from minillm.parallel.launch import run_ranks
 from minillm.parallel.tensor import check_split
+from minillm.testing import tiny_pair
 
 TOKENS = [[5, 17, 99, 3, 42, 7, 8, 5], [1, 2, 3, 4, 5, 6, 7, 8]]
 

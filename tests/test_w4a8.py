@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
-from minillm.generate import generate
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.embedding import compact_embedding
 from minillm.quant.int8_activations import to_int8_activations
 from minillm.quant.qlinear import QuantLinear
 from minillm.quant.w4a8 import W4A8Linear, quantize_symmetric
 from minillm.quant.weight_only import WeightOnlyLinear
+from minillm.reference import generate
+from minillm.testing import tiny_pair
 
 Q4_1 = QuantScheme(4, symmetric=False, group_size=32, float_zero=True)
 

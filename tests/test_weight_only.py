@@ -10,8 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_pair
-from minillm.generate import generate
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.embedding import compact_embedding
 from minillm.quant.qlinear import QuantLinear
@@ -21,6 +19,8 @@ from minillm.quant.weight_only import (
     to_weight_only,
     unpack_int4_groups,
 )
+from minillm.reference import generate
+from minillm.testing import tiny_pair
 
 SCHEMES = {
     "int8 per-channel symmetric": QuantScheme(8, True, None),
@@ -141,10 +141,10 @@ def test_smollm2_fast_path_gives_the_slow_paths_tokens(smollm2, tokenizer, schem
 @pytest.mark.smollm2
 @pytest.mark.slow
 def test_smollm2_compiled_fast_path_gives_the_eager_tokens(smollm2, tokenizer):
-    from minillm.compile import compile_decode
+    from minillm.generate import generate as engine_generate
 
     model = to_weight_only(compact_embedding(
         quantize_model(copy.deepcopy(smollm2), "rtn", QuantScheme(4, False, 32)), "int8"))
     prompt = tokenizer.chat_prompt("Name three colours.")
     expected = generate(model, prompt, 8)
-    assert generate(compile_decode(model, autotune=False), prompt, 8) == expected
+    assert engine_generate(model, prompt, 8, executor="compiled") == expected

@@ -8,8 +8,10 @@ is ``block * block_size + offset`` in the pool seen as one long row of slots.
 This is the readable PyTorch reference: write the new tokens' K/V at their slots, then
 *gather* each sequence's blocks into a contiguous [kv_heads, length, head_dim] view and run
 ordinary attention, masking keys past each sequence's length and, for the queries of a
-prefill chunk, keys in their future. The Triton kernel (``minillm.kernels.paged_attention``)
-does the decode case without the gather: it follows the block table block by block.
+prefill chunk, keys in their future. The decode case without the gather, following the
+block table block by block, is the C++ op ``minillm::paged_decode_attention``
+(``csrc/paged_attention.h``; :func:`paged_decode_reference` is its readable twin) and, on
+a GPU, the Triton kernel (``minillm.kernels.paged_attention``).
 """
 
 from __future__ import annotations
@@ -50,3 +52,17 @@ def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.T
     return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype),
                                           attn_mask=allowed[:, None],
                                           enable_gqa=keys.shape[1] != q.shape[1])
+
+
+def paged_decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           key_pool: torch.Tensor, value_pool: torch.Tensor, slots: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+    """One decode step's attention, the way ``minillm::paged_decode_attention`` computes it:
+    write k, v [seqs, kv_heads, head_dim] at ``slots`` (rows with slot -1 are padding and
+    write nothing), then each query q [seqs, heads, head_dim] attends over its sequence's
+    first ``context_lens`` tokens; padding rows (length 0) give zeros."""
+    keep = slots >= 0
+    write_kv(key_pool, value_pool, k[keep], v[keep], slots[keep])
+    out = paged_attention(q[:, :, None], key_pool, value_pool, block_tables,
+                          context_lens.clamp(min=1))[:, :, 0]
+    return torch.where((context_lens > 0)[:, None, None], out, 0.0)

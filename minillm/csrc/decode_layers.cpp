@@ -1,25 +1,34 @@
-// One decode step through every transformer block in one C++ call (minillm/native_decode.py).
+// A decode step through every transformer block in one C++ call (the native executor,
+// minillm/serve/executors/native.py).
 //
-// The same computation as minillm/model.py's Block.forward for one token at batch 1, with
-// int8 x int8 (int8_product.h) or int4 x int8 (int4_product.h) products, written as plain
-// loops:
+// The same computation as minillm/model.py's Block.forward for one new token per sequence,
+// for a batch of sequences whose keys and values live in the paged pool
+// (paged_attention.h), with float32 (fp32_product.h), int8 x int8 (int8_product.h) or
+// int4 x int8 (int4_product.h) products, written as plain loops:
 //
 //   h = x + o(attention(rope(q), rope(k), v))      q, k, v = qkv(rms_norm(x))
 //   x = h + down(silu(gate) * up)                  gate, up = gate_up(rms_norm(h))
 //
+// and, when the model's head is given, logits = head(rms_norm(x)).
+//
 // Why: compiled by torch.compile, a step is ~330 small kernels and ops; each costs a few
 // microseconds to start, ~3 ms of a ~8 ms step on a 2-core CPU. Here the only per-step cost
-// besides the arithmetic is one call from Python. The embedding, the final norm and the LM
-// head stay in Python (one int8_linear call).
+// besides the arithmetic is one call from Python, and each weight is read once for the
+// whole batch. Under tensor parallelism every rank runs its shard of each block and a
+// Python callback all-reduces the partial outputs of o and down before they are added.
 
 #include <torch/extension.h>
 
 #include <array>
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "fp32_product.h"
 #include "int4_product.h"
 #include "int8_product.h"
+#include "paged_attention.h"
 
 namespace minillm {
 
@@ -27,29 +36,77 @@ Int8Weights int8_weights(const torch::Tensor& codes, const torch::Tensor& scales
                          const torch::Tensor& code_sums);  // int8_linear.cpp
 Int4Weights int4_weights(const torch::Tensor& codes, const torch::Tensor& scales,
                          const torch::Tensor& zeros);  // w4a8_linear.cpp
+PagedPool paged_pool(const torch::Tensor& keys, const torch::Tensor& values);  // paged_attention.cpp
 
 namespace {
 
-// One product of a block: int8 weights (int8 codes) or int4 weights (uint8 packed codes).
+// One product: a float32 weight [out, in] (one tensor), int8 weights (codes, scales, code
+// sums) or int4 weights (packed codes, scales, zero points).
 struct Product {
-  bool is_int4;
+  enum Kind { kFp32, kInt8, kInt4 } kind;
+  Fp32Weights fp32;
   Int8Weights int8;
   Int4Weights int4;
   int64_t out, in;
 
-  static Product from(const torch::Tensor& codes, const torch::Tensor& scales,
-                      const torch::Tensor& third) {
-    if (codes.scalar_type() == torch::kByte) {
-      const Int4Weights w = int4_weights(codes, scales, third);
-      return {true, {}, w, w.out, w.in};
+  static Product from(const std::vector<torch::Tensor>& t) {
+    if (t.size() == 1) {
+      TORCH_CHECK(t[0].scalar_type() == torch::kFloat && t[0].is_contiguous() && t[0].dim() == 2,
+                  "a float32 product takes one contiguous [out, in] weight");
+      const Fp32Weights w{t[0].data_ptr<float>(), t[0].size(0), t[0].size(1)};
+      return {kFp32, w, {}, {}, w.out, w.in};
     }
-    const Int8Weights w = int8_weights(codes, scales, third);
-    return {false, w, {}, w.out, w.in};
+    TORCH_CHECK(t.size() == 3, "an integer product takes codes, scales and a third tensor");
+    if (t[0].scalar_type() == torch::kByte) {
+      const Int4Weights w = int4_weights(t[0], t[1], t[2]);
+      return {kInt4, {}, {}, w, w.out, w.in};
+    }
+    const Int8Weights w = int8_weights(t[0], t[1], t[2]);
+    return {kInt8, {}, w, {}, w.out, w.in};
+  }
+};
+
+// Products that share an input (q, k and v; gate and up), computed as one: the input is
+// rounded to int8 once, one parallel loop runs over all their output rows, and each writes
+// its columns side by side (the effect of fusing the layers, without a fused copy).
+struct Products {
+  std::vector<Product> parts;
+  Product::Kind kind = Product::kFp32;
+  int64_t out = 0, in = 0;
+
+  static Products from(const std::vector<std::vector<torch::Tensor>>& layers) {
+    Products p;
+    for (const auto& tensors : layers) {
+      p.parts.push_back(Product::from(tensors));
+      const Product& part = p.parts.back();
+      TORCH_CHECK(p.parts.size() == 1 || (part.in == p.in && part.kind == p.kind &&
+                                          (part.kind != Product::kInt4 ||
+                                           part.int4.group == p.parts[0].int4.group)),
+                  "products of one input must share its size and their weight format");
+      p.in = part.in, p.kind = part.kind;
+      p.out += part.out;
+    }
+    return p;
   }
 
-  void operator()(const float* x, float* y) const {
-    if (is_int4) int4_product(x, 1, int4, y);
-    else int8_product(x, 1, int8, y);
+  void operator()(const float* x, int64_t rows, float* y) const {
+    Int8Activations int8;
+    Int4Activations int4;
+    if (kind == Product::kInt8) int8 = int8_activations(x, rows, in);
+    if (kind == Product::kInt4) int4 = int4_activations(x, rows, in, parts[0].int4.group);
+    at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
+      int64_t first = 0;  // the part's first output column
+      for (const Product& part : parts) {
+        const int64_t lo = std::max(begin, first) - first;
+        const int64_t hi = std::min(end, first + part.out) - first;
+        if (lo < hi) {
+          if (kind == Product::kFp32) fp32_rows(x, rows, part.fp32, lo, hi, y + first, out);
+          else if (kind == Product::kInt8) int8_rows(int8, part.int8, lo, hi, y + first, out);
+          else int4_rows(int4, part.int4, lo, hi, y + first, out);
+        }
+        first += part.out;
+      }
+    });
   }
 };
 
@@ -72,115 +129,125 @@ void rope(float* head, const float* cos, const float* sin, int64_t head_dim) {
   }
 }
 
-// softmax(q K^T / sqrt(d)) V for one query head over the cached steps 0..steps-1.
-void attend(const float* q, const float* keys, const float* values, int64_t steps,
-            int64_t head_dim, float* scores, float* out) {
-  const float root = std::sqrt(float(head_dim));
-  float largest = -INFINITY;
-  for (int64_t s = 0; s < steps; ++s) {
-    float dot = 0.f;
-    for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * keys[s * head_dim + i];
-    scores[s] = dot / root;
-    largest = std::max(largest, scores[s]);
-  }
-  float total = 0.f;
-  for (int64_t s = 0; s < steps; ++s) total += scores[s] = std::exp(scores[s] - largest);
-  for (int64_t i = 0; i < head_dim; ++i) out[i] = 0.f;
-  for (int64_t s = 0; s < steps; ++s) {
-    const float weight = scores[s] / total;
-    for (int64_t i = 0; i < head_dim; ++i) out[i] += weight * values[s * head_dim + i];
-  }
-}
-
 float silu(float x) { return x / (1.f + std::exp(-x)); }
+
+float* floats(const torch::Tensor& t) { return t.data_ptr<float>(); }
 
 }  // namespace
 
-// The weights of every block, held for the life of the model.
+// The weights of every block (and optionally the final norm and head), held for the life
+// of the model.
 class DecodeLayers {
  public:
-  // Per block, 14 tensors: attn_norm; qkv codes, scales, code sums (int8) or zero points
-  // (int4); o (3); mlp_norm; gate_up (3); down (3). The projections are fused
-  // (minillm/fused_projections.py).
-  DecodeLayers(std::vector<std::vector<torch::Tensor>> blocks, double eps, int64_t heads,
+  // Per block, six parts, each a list of products (a product: its list of tensors):
+  // {{attn_norm}}, {q, k, v}, {o}, {{mlp_norm}}, {gate, up}, {down}. `head`: empty, or
+  // {{{final norm}}, {head}}.
+  using Parts = std::vector<std::vector<std::vector<torch::Tensor>>>;
+  DecodeLayers(std::vector<Parts> blocks, Parts head, double eps, int64_t heads,
                int64_t kv_heads, int64_t head_dim)
-      : blocks_(std::move(blocks)), eps_(float(eps)), heads_(heads), kv_heads_(kv_heads),
-        head_dim_(head_dim) {
+      : blocks_(std::move(blocks)), head_tensors_(std::move(head)), eps_(float(eps)),
+        heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim) {
     for (const auto& b : blocks_) {
-      TORCH_CHECK(b.size() == 14, "each block takes 14 tensors, got ", b.size());
-      weights_.push_back({Product::from(b[1], b[2], b[3]), Product::from(b[4], b[5], b[6]),
-                          Product::from(b[8], b[9], b[10]), Product::from(b[11], b[12], b[13])});
+      TORCH_CHECK(b.size() == 6, "each block takes six parts, got ", b.size());
+      weights_.push_back({Products::from(b[1]), Products::from(b[2]), Products::from(b[4]),
+                          Products::from(b[5])});
     }
+    TORCH_CHECK(head_tensors_.empty() || head_tensors_.size() == 2,
+                "the head is {{{norm}}, {product}} or nothing");
+    if (!head_tensors_.empty()) head_.push_back(Products::from(head_tensors_[1]));
   }
 
-  // x [hidden] float32, updated in place; cos, sin [head_dim] for this step's position;
-  // keys[l], values[l] [1, kv_heads, slots, head_dim]: this step's K and V are written at
-  // slot `position`, and attention reads slots 0..position.
-  void step(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin,
-            int64_t position, const std::vector<torch::Tensor>& keys,
-            const std::vector<torch::Tensor>& values) {
-    const int64_t hidden = x.numel(), q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
-    TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: contiguous float32");
-    TORCH_CHECK(keys.size() == blocks_.size() && values.size() == blocks_.size(),
-                "one K and one V tensor per block");
-    const int64_t slots = keys[0].size(2);
-    TORCH_CHECK(position >= 0 && position < slots, "position ", position,
-                " is outside the cache's ", slots, " slots");
-    std::vector<float> normed(hidden), qkv(q_size + 2 * kv_size), attended(q_size),
-        added(hidden), gate_up(weights_[0][2].out), activated(weights_[0][3].in),
-        scores(heads_ * (position + 1));
-    float* h = x.data_ptr<float>();
-    const float *cos_data = cos.data_ptr<float>(), *sin_data = sin.data_ptr<float>();
+  // x [rows, hidden] float32, one row per sequence, updated in place; cos, sin [rows,
+  // head_dim]: each row's RoPE angles; slots [rows] (-1: a padding row, writes nothing);
+  // block_tables [rows, width]; context_lens [rows] (the new token included); one key and
+  // one value pool per block. `reduce_attention`, `reduce_mlp`: None, or a function called
+  // with each block's partial attention (MLP) output [rows, hidden] before it is added (a
+  // tensor-parallel all-reduce, in place). Returns the logits [rows, vocab] with a head,
+  // else x.
+  torch::Tensor step(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin,
+                     const torch::Tensor& slots, const torch::Tensor& block_tables,
+                     const torch::Tensor& context_lens, const std::vector<torch::Tensor>& key_pools,
+                     const std::vector<torch::Tensor>& value_pools,
+                     pybind11::object reduce_attention, pybind11::object reduce_mlp) {
+    const int64_t rows = x.size(0), hidden = x.size(1), q_size = heads_ * head_dim_,
+                  kv_size = kv_heads_ * head_dim_, qkv_size = q_size + 2 * kv_size;
+    TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && x.dim() == 2,
+                "x: contiguous float32 [rows, hidden]");
+    TORCH_CHECK(key_pools.size() == blocks_.size() && value_pools.size() == blocks_.size(),
+                "one key and one value pool per block");
+    TORCH_CHECK(slots.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong &&
+                context_lens.scalar_type() == torch::kLong, "slots, tables and lengths: int64");
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == rows,
+                "cos and sin: contiguous [rows, head_dim]");
+    const int64_t inner = weights_[0][3].in;
+    std::vector<float> normed(rows * hidden), qkv(rows * qkv_size), attended(rows * q_size),
+        queries(rows * q_size), added(rows * hidden), gate_up(rows * 2 * inner),
+        activated(rows * inner);
+    torch::Tensor partial = torch::from_blob(added.data(), {rows, hidden}, x.options());
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    float* h = floats(x);
     for (size_t l = 0; l < blocks_.size(); ++l) {
       const auto& w = weights_[l];
-      float* cached_keys = keys[l].data_ptr<float>();
-      float* cached_values = values[l].data_ptr<float>();
-      // Attention: project, rotate, append K and V to the cache, attend, project back.
-      rms_norm(h, blocks_[l][0].data_ptr<float>(), hidden, eps_, normed.data());
-      w[0](normed.data(), qkv.data());
-      float *q = qkv.data(), *k = q + q_size, *v = k + kv_size;
-      for (int64_t head = 0; head < heads_; ++head)
-        rope(q + head * head_dim_, cos_data, sin_data, head_dim_);
-      for (int64_t g = 0; g < kv_heads_; ++g) {
-        rope(k + g * head_dim_, cos_data, sin_data, head_dim_);
-        const int64_t slot = (g * slots + position) * head_dim_;
-        std::copy(k + g * head_dim_, k + (g + 1) * head_dim_, cached_keys + slot);
-        std::copy(v + g * head_dim_, v + (g + 1) * head_dim_, cached_values + slot);
+      const PagedPool pool = paged_pool(key_pools[l], value_pools[l]);
+      // Attention: project, rotate, write K and V into the pool, attend, project back.
+      for (int64_t r = 0; r < rows; ++r)
+        rms_norm(h + r * hidden, floats(blocks_[l][0][0][0]), hidden, eps_, &normed[r * hidden]);
+      w[0](normed.data(), rows, qkv.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        float* q = &qkv[r * qkv_size];
+        float *k = q + q_size, *v = k + kv_size;
+        const float *c = floats(cos) + r * head_dim_, *s = floats(sin) + r * head_dim_;
+        for (int64_t head = 0; head < heads_; ++head) rope(q + head * head_dim_, c, s, head_dim_);
+        for (int64_t g = 0; g < kv_heads_; ++g) rope(k + g * head_dim_, c, s, head_dim_);
+        std::copy(q, q + q_size, &queries[r * q_size]);
+        write_token(pool, slot[r], k, v);
       }
-      const int64_t group = heads_ / kv_heads_;
-      at::parallel_for(0, heads_, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t head = begin; head < end; ++head) {
-          const int64_t g = head / group;
-          attend(q + head * head_dim_, cached_keys + g * slots * head_dim_,
-                 cached_values + g * slots * head_dim_, position + 1, head_dim_,
-                 &scores[head * (position + 1)], &attended[head * head_dim_]);
-        }
-      });
-      w[1](attended.data(), added.data());
-      for (int64_t i = 0; i < hidden; ++i) h[i] += added[i];
+      paged_decode(queries.data(), pool, block_tables.data_ptr<int64_t>(),
+                   block_tables.size(1), context_lens.data_ptr<int64_t>(), rows, heads_,
+                   attended.data());
+      w[1](attended.data(), rows, added.data());
+      if (!reduce_attention.is_none()) reduce_attention(partial);
+      for (int64_t i = 0; i < rows * hidden; ++i) h[i] += added[i];
       // MLP: SwiGLU.
-      rms_norm(h, blocks_[l][7].data_ptr<float>(), hidden, eps_, normed.data());
-      w[2](normed.data(), gate_up.data());
-      const int64_t inner = w[3].in;
-      for (int64_t i = 0; i < inner; ++i)
-        activated[i] = silu(gate_up[i]) * gate_up[inner + i];
-      w[3](activated.data(), added.data());
-      for (int64_t i = 0; i < hidden; ++i) h[i] += added[i];
+      for (int64_t r = 0; r < rows; ++r)
+        rms_norm(h + r * hidden, floats(blocks_[l][3][0][0]), hidden, eps_, &normed[r * hidden]);
+      w[2](normed.data(), rows, gate_up.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < inner; ++i)
+          activated[r * inner + i] = silu(gate_up[r * 2 * inner + i]) *
+                                     gate_up[r * 2 * inner + inner + i];
+      w[3](activated.data(), rows, added.data());
+      if (!reduce_mlp.is_none()) reduce_mlp(partial);
+      for (int64_t i = 0; i < rows * hidden; ++i) h[i] += added[i];
     }
+    if (head_.empty()) return x;
+    for (int64_t r = 0; r < rows; ++r)
+      rms_norm(h + r * hidden, floats(head_tensors_[0][0][0]), hidden, eps_, &normed[r * hidden]);
+    torch::Tensor logits = torch::empty({rows, head_[0].out}, x.options());
+    head_[0](normed.data(), rows, floats(logits));
+    return logits;
   }
 
  private:
-  std::vector<std::vector<torch::Tensor>> blocks_;  // keeps the weights alive
-  std::vector<std::array<Product, 4>> weights_;  // qkv, o, gate_up, down
+  std::vector<Parts> blocks_;  // keeps the weights alive
+  Parts head_tensors_;
+  std::vector<std::array<Products, 4>> weights_;  // qkv, o, gate_up, down
+  std::vector<Products> head_;  // none, or the head
   float eps_;
   int64_t heads_, kv_heads_, head_dim_;
 };
 
 }  // namespace minillm
 
+// Which vector code each product was built with (a CPU without it gets a plain loop).
+std::map<std::string, std::string> vector_paths() {
+  return {{"fp32", minillm::kFp32Path}, {"int8", minillm::kInt8Path}, {"int4", kInt4Path}};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("vector_paths", &vector_paths);
   pybind11::class_<minillm::DecodeLayers>(m, "DecodeLayers")
-      .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, double, int64_t, int64_t,
-                          int64_t>())
+      .def(pybind11::init<std::vector<minillm::DecodeLayers::Parts>,
+                          minillm::DecodeLayers::Parts, double, int64_t, int64_t, int64_t>())
       .def("step", &minillm::DecodeLayers::step);
 }

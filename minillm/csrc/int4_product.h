@@ -24,9 +24,20 @@
 
 #include "prefetch.h"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__F16C__)
+// The vector path needs 256-bit VNNI dot products: AVX-512 VNNI's (with VL), or AVX-VNNI's,
+// which is the same instruction for CPUs without AVX-512.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 #define MINILLM_VNNI_256 1
+#define MINILLM_DPBUSD_256 _mm256_dpbusd_epi32
+constexpr const char* kInt4Path = "avx512-vnni";
+#elif defined(__AVXVNNI__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define MINILLM_VNNI_256 1
+#define MINILLM_DPBUSD_256 _mm256_dpbusd_avx_epi32
+constexpr const char* kInt4Path = "avx-vnni";
+#else
+constexpr const char* kInt4Path = "scalar";
 #endif
 
 namespace minillm {
@@ -94,8 +105,8 @@ inline __m256i pair_dots(const uint8_t* packed_pair, const int8_t* paired_activa
   const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
   const __m256i first = _mm256_loadu_si256((const __m256i*)paired_activations);
   const __m256i second = _mm256_loadu_si256((const __m256i*)(paired_activations + 32));
-  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), low, first), high,
-                             second);
+  return MINILLM_DPBUSD_256(MINILLM_DPBUSD_256(_mm256_setzero_si256(), low, first), high,
+                            second);
 }
 
 inline float sum_lanes(__m256 v) {
@@ -122,7 +133,7 @@ inline void int4_rows4_paired(const Int4Weights& w, int64_t o, const int8_t* pai
                    _mm256_setzero_ps()};
   int64_t g = 0;
   for (; g + 8 <= groups; g += 8) {
-    const __m256 c = _mm256_permutexvar_ps(hadd_order, _mm256_loadu_ps(group_sums + g));
+    const __m256 c = _mm256_permutevar8x32_ps(_mm256_loadu_ps(group_sums + g), hadd_order);
     for (int k = 0; k < 4; ++k) {
       const int64_t at = (o + k) * groups + g;
       __m256i dots[4];
@@ -130,10 +141,10 @@ inline void int4_rows4_paired(const Int4Weights& w, int64_t o, const int8_t* pai
         dots[pair] = pair_dots(w.codes + (at + 2 * pair) * 16, paired + (g + 2 * pair) * 32);
       const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(dots[0], dots[1]),
                                              _mm256_hadd_epi32(dots[2], dots[3]));
-      const __m256 s = _mm256_permutexvar_ps(
-          hadd_order, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.scales + at))));
-      const __m256 z = _mm256_permutexvar_ps(
-          hadd_order, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.zeros + at))));
+      const __m256 s = _mm256_permutevar8x32_ps(
+          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.scales + at))), hadd_order);
+      const __m256 z = _mm256_permutevar8x32_ps(
+          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(w.zeros + at))), hadd_order);
       acc[k] = _mm256_fmadd_ps(s, _mm256_fnmadd_ps(z, c, _mm256_cvtepi32_ps(sums)), acc[k]);
     }
   }
@@ -152,35 +163,71 @@ inline void int4_rows4_paired(const Int4Weights& w, int64_t o, const int8_t* pai
 }
 #endif
 
-// y [rows, out] = x [rows, in] W^T, each row of x rounded to int8 as above.
-inline void int4_product(const float* x, int64_t rows, const Int4Weights& w, float* y) {
-  const int64_t in = w.in, out = w.out, groups = in / w.group;
-  std::vector<int8_t> codes(rows * in);
-  std::vector<float> scales(rows);
-  std::vector<int32_t> group_sums(rows * groups, 0);
+// Rows of x rounded to symmetric int8, with what the products need of them: each row's
+// scale and group sums C_g, and (VNNI, groups of 32) the codes laid out for pairs of groups.
+// Products that share an input (q, k and v) share this.
+struct Int4Activations {
+  std::vector<int8_t> codes;
+  std::vector<float> scales;
+  std::vector<int32_t> group_sums;
+  int64_t rows, in, group;
+#ifdef MINILLM_VNNI_256
+  bool paired;  // groups of 32, an even number of them: the vector path applies
+  std::vector<std::vector<int8_t>> paired_codes;
+  std::vector<float> float_group_sums;
+#endif
+};
+
+inline Int4Activations int4_activations(const float* x, int64_t rows, int64_t in,
+                                        int64_t group) {
+  const int64_t groups = in / group;
+  Int4Activations a;
+  a.codes.resize(rows * in);
+  a.scales.resize(rows);
+  a.group_sums.assign(rows * groups, 0);
+  a.rows = rows, a.in = in, a.group = group;
   for (int64_t r = 0; r < rows; ++r) {
-    quantize_row_symmetric(x + r * in, in, &codes[r * in], &scales[r]);
-    for (int64_t i = 0; i < in; ++i) group_sums[r * groups + i / w.group] += codes[r * in + i];
+    quantize_row_symmetric(x + r * in, in, &a.codes[r * in], &a.scales[r]);
+    for (int64_t i = 0; i < in; ++i) a.group_sums[r * groups + i / group] += a.codes[r * in + i];
   }
 #ifdef MINILLM_VNNI_256
-  const bool paired = w.group == 32 && groups % 2 == 0;
-  std::vector<std::vector<int8_t>> paired_codes;
-  std::vector<float> float_group_sums(group_sums.begin(), group_sums.end());
-  for (int64_t r = 0; paired && r < rows; ++r)
-    paired_codes.push_back(pair_groups(&codes[r * in], groups));
+  a.paired = group == 32 && groups % 2 == 0;
+  a.float_group_sums.assign(a.group_sums.begin(), a.group_sums.end());
+  for (int64_t r = 0; a.paired && r < rows; ++r)
+    a.paired_codes.push_back(pair_groups(&a.codes[r * in], groups));
 #endif
-  at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t o = begin;
+  return a;
+}
+
+// Output columns [begin, end) of y = x W^T for every row (y: this product's first column of
+// a row-major [rows, y_stride] output). Weight rows go in blocks of 64, each block used by
+// every row of x while it is in the cache.
+inline void int4_rows(const Int4Activations& a, const Int4Weights& w, int64_t begin,
+                      int64_t end, float* y, int64_t y_stride) {
+  const int64_t groups = w.in / w.group;
+  for (int64_t block = begin; block < end; block += 64) {
+    const int64_t block_end = std::min(end, block + 64);
+    for (int64_t r = 0; r < a.rows; ++r) {
+      int64_t o = block;
 #ifdef MINILLM_VNNI_256
-      for (float totals[4]; paired && o + 4 <= end; o += 4) {
-        int4_rows4_paired(w, o, paired_codes[r].data(), &float_group_sums[r * groups], totals);
-        for (int k = 0; k < 4; ++k) y[r * out + o + k] = scales[r] * totals[k];
+      for (float totals[4]; a.paired && o + 4 <= block_end; o += 4) {
+        int4_rows4_paired(w, o, a.paired_codes[r].data(), &a.float_group_sums[r * groups],
+                          totals);
+        for (int k = 0; k < 4; ++k) y[r * y_stride + o + k] = a.scales[r] * totals[k];
       }
 #endif
-      for (; o < end; ++o)
-        y[r * out + o] = scales[r] * int4_row(w, o, &codes[r * in], &group_sums[r * groups]);
+      for (; o < block_end; ++o)
+        y[r * y_stride + o] = a.scales[r] * int4_row(w, o, &a.codes[r * w.in],
+                                                     &a.group_sums[r * groups]);
     }
+  }
+}
+
+// y [rows, out] = x [rows, in] W^T, each row of x rounded to int8 as above.
+inline void int4_product(const float* x, int64_t rows, const Int4Weights& w, float* y) {
+  const Int4Activations a = int4_activations(x, rows, w.in, w.group);
+  at::parallel_for(0, w.out, 64, [&](int64_t begin, int64_t end) {
+    int4_rows(a, w, begin, end, y, w.out);
   });
 }
 

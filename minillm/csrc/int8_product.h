@@ -10,8 +10,8 @@
 //   y_o = float(sum_i q_x,i q_o,i - z_x sum_i q_o,i) * (s_x * s_o)           (int32 sums)
 //
 // The loop streams each weight row once, four rows at a time, with AVX-512 VNNI's
-// dot-product instruction (64 byte pairs per instruction) when the CPU has it, and a plain
-// loop the compiler vectorizes otherwise. Rows of x are taken in blocks, so a long prompt
+// dot-product instruction (64 byte pairs per instruction) when the CPU has it, AVX-VNNI's
+// (32 pairs) on CPUs with the 256-bit form only, and a plain loop otherwise. Rows of x are taken in blocks, so a long prompt
 // reuses each weight row from the cache for a whole block.
 #pragma once
 
@@ -27,11 +27,22 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define MINILLM_VNNI 1
+#elif defined(__AVXVNNI__)
+#include <immintrin.h>
+#define MINILLM_AVX_VNNI 1  // the 256-bit VNNI of CPUs without AVX-512 (Alder Lake, ...)
 #endif
 
 namespace minillm {
 
 constexpr int64_t kRowsPerBlock = 32;  // rows of x sharing one pass over the weights
+
+#if defined(MINILLM_VNNI)
+constexpr const char* kInt8Path = "avx512-vnni";
+#elif defined(MINILLM_AVX_VNNI)
+constexpr const char* kInt8Path = "avx-vnni";
+#else
+constexpr const char* kInt8Path = "scalar";
+#endif
 constexpr float kSmallestScale = 6.1e-5f;
 
 // sum_i a_i b_i, exact in int32 (|sum| <= n * 255 * 128: fine for n < 65,000).
@@ -57,6 +68,24 @@ inline void dot4(const uint8_t* a, const int8_t* b, int64_t n, int32_t* sums) {
     sums[1] = _mm512_reduce_add_epi32(acc1);
     sums[2] = _mm512_reduce_add_epi32(acc2);
     sums[3] = _mm512_reduce_add_epi32(acc3);
+    return;
+  }
+#elif defined(MINILLM_AVX_VNNI)
+  if (n % 32 == 0) {
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
+    for (int64_t i = 0; i < n; i += 32) {
+      const __m256i activations = _mm256_loadu_si256((const __m256i*)(a + i));
+      for (int k = 0; k < 4; ++k)
+        acc[k] = _mm256_dpbusd_avx_epi32(
+            acc[k], activations, _mm256_loadu_si256((const __m256i*)(b + k * n + i)));
+    }
+    for (int k = 0; k < 4; ++k) {  // the eight lanes' sum
+      const __m128i pairs = _mm_add_epi32(_mm256_castsi256_si128(acc[k]),
+                                          _mm256_extracti128_si256(acc[k], 1));
+      const __m128i quads = _mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 0x4E));
+      sums[k] = _mm_cvtsi128_si32(_mm_add_epi32(quads, _mm_shuffle_epi32(quads, 0xB1)));
+    }
     return;
   }
 #endif
@@ -89,37 +118,59 @@ struct Int8Weights {
   int64_t out, in;
 };
 
-// y [rows, out] = x [rows, in] W^T, x rounded per row as above.
-inline void int8_product(const float* x, int64_t rows, const Int8Weights& w, float* y) {
-  const int64_t in = w.in, out = w.out;
-  std::vector<uint8_t> x_codes(rows * in);
-  std::vector<float> x_scales(rows);
-  std::vector<int32_t> x_zeros(rows);
+// Rows of x rounded to uint8, each with its scale and zero point: what every product with
+// the same input shares (q, k and v quantize their input once).
+struct Int8Activations {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  std::vector<int32_t> zeros;
+  int64_t rows, in;
+};
+
+inline Int8Activations int8_activations(const float* x, int64_t rows, int64_t in) {
+  Int8Activations a{std::vector<uint8_t>(rows * in), std::vector<float>(rows),
+                    std::vector<int32_t>(rows), rows, in};
   at::parallel_for(0, rows, kRowsPerBlock, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      quantize_row(x + r * in, in, &x_codes[r * in], &x_scales[r], &x_zeros[r]);
+      quantize_row(x + r * in, in, &a.codes[r * in], &a.scales[r], &a.zeros[r]);
   });
+  return a;
+}
+
+// Output columns [begin, end) of y = x W^T for every row: y points at this product's first
+// column of a row-major [rows, y_stride] output (products sharing an input write side by
+// side). One thread's share: it streams those weight rows once per block of x rows.
+inline void int8_rows(const Int8Activations& a, const Int8Weights& w, int64_t begin,
+                      int64_t end, float* y, int64_t y_stride) {
+  const int64_t in = w.in, rows = a.rows;
   auto finish = [&](int64_t r, int64_t o, int32_t sum) {  // the zero point, then the scales
-    y[r * out + o] = float(sum - x_zeros[r] * w.code_sums[o]) * (x_scales[r] * w.scales[o]);
+    y[r * y_stride + o] = float(sum - a.zeros[r] * w.code_sums[o]) *
+                          (a.scales[r] * w.scales[o]);
   };
-  // Each thread takes a range of output rows (weight rows) and streams it once per block.
-  at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    int32_t sums[4];
-    for (int64_t first_row = 0; first_row < rows; first_row += kRowsPerBlock) {
-      const int64_t last_row = std::min(rows, first_row + kRowsPerBlock);
-      int64_t o = begin;
-      for (; o + 4 <= end; o += 4) {
-        if (o + kWeightRowsAhead + 4 <= out)
-          prefetch(w.codes + (o + kWeightRowsAhead) * in, 4 * in);
-        for (int64_t r = first_row; r < last_row; ++r) {
-          dot4(&x_codes[r * in], w.codes + o * in, in, sums);
-          for (int k = 0; k < 4; ++k) finish(r, o + k, sums[k]);
-        }
+  int32_t sums[4];
+  for (int64_t first_row = 0; first_row < rows; first_row += kRowsPerBlock) {
+    const int64_t last_row = std::min(rows, first_row + kRowsPerBlock);
+    int64_t o = begin;
+    for (; o + 4 <= end; o += 4) {
+      if (o + kWeightRowsAhead + 4 <= w.out)
+        prefetch(w.codes + (o + kWeightRowsAhead) * in, 4 * in);
+      for (int64_t r = first_row; r < last_row; ++r) {
+        dot4(&a.codes[r * in], w.codes + o * in, in, sums);
+        for (int k = 0; k < 4; ++k) finish(r, o + k, sums[k]);
       }
-      for (; o < end; ++o)
-        for (int64_t r = first_row; r < last_row; ++r)
-          finish(r, o, dot(&x_codes[r * in], w.codes + o * in, in));
     }
+    for (; o < end; ++o)
+      for (int64_t r = first_row; r < last_row; ++r)
+        finish(r, o, dot(&a.codes[r * in], w.codes + o * in, in));
+  }
+}
+
+// y [rows, out] = x [rows, in] W^T, x rounded per row as above.
+inline void int8_product(const float* x, int64_t rows, const Int8Weights& w, float* y) {
+  const Int8Activations a = int8_activations(x, rows, w.in);
+  // Each thread takes a range of output rows (weight rows) and streams it once per block.
+  at::parallel_for(0, w.out, 64, [&](int64_t begin, int64_t end) {
+    int8_rows(a, w, begin, end, y, w.out);
   });
 }
 

@@ -2,41 +2,63 @@
 
     llm = LLM("smollm2", tensor_parallel_size=3)   # 3 processes, one shard each
 
-The process that builds the engine is rank 0: it keeps the scheduler, the block manager,
-the tokenizer and the samplers, exactly as with one process. It starts ``t − 1`` worker
-processes (``torch.multiprocessing``, spawn), joins them in a gloo group (nccl on GPUs),
-and each process loads its own shard of the checkpoint
+Rank 0 keeps the scheduler, the block manager, the tokenizer and the samplers, exactly as
+with one process. Every rank loads its own shard of the checkpoint
 (:func:`~minillm.parallel.loading.load_shard`) and builds its own paged KV cache, sized
 from its heads: the block tables are the same on every rank, only the heads differ.
 
-Every step, rank 0 broadcasts the step's :class:`~minillm.serve.runner.FlatBatch` (token
-ids, positions, slots, block tables, copy-on-write copies) and all ranks run the same
-forward pass; the collectives inside it (two all-reduces per block, the vocabulary
-all-gather) keep the ranks in lockstep, and every rank ends with the full logits. Only
-rank 0 samples. Closing the engine (:meth:`~minillm.serve.LLM.close`, or leaving a
-``with LLM(...)`` block) sends the workers ``None`` and they exit; they are daemon
-processes, so they also end with the process that started them.
+Two ways to start the ranks:
+
+* **one machine, from Python or ``minillm serve``**: the process that builds the engine
+  is rank 0 and starts ``t − 1`` workers as ``python -m minillm.parallel.worker``
+  processes, which meet it at a store on 127.0.0.1. They never import the caller's
+  script, so ``LLM(..., tensor_parallel_size=t)`` works in a plain script without an
+  ``if __name__ == "__main__":`` guard;
+* **under torchrun**, on one machine or several (``torchrun --nnodes 2 ...``): torchrun
+  starts every rank and the group meets at its rendezvous (``env://``). Each rank runs
+  the same program; in rank 0 ``LLM(...)`` returns the engine, in the others it serves
+  rank 0's steps and ends the process when rank 0 closes the engine.
+
+Every step, rank 0 broadcasts the step's :class:`~minillm.serve.executors.batch.FlatBatch`
+(token ids, positions, slots, block tables, copy-on-write copies) and all ranks run the
+same forward pass with the same executor; the collectives inside it (two all-reduces per
+block, the vocabulary all-gather) keep the ranks in lockstep, and every rank ends with the
+full logits. Only rank 0 samples. Closing the engine (:meth:`~minillm.serve.LLM.close`,
+or leaving a ``with LLM(...)`` block) sends the workers ``None`` and they exit.
+
+**Faults.** Every collective of the group times out after ``worker_timeout`` seconds, so a
+worker that hangs (or whose machine is unreachable) makes rank 0's step fail instead of
+waiting forever; while the engine is idle rank 0 sends a heartbeat every few seconds, so
+workers never wait that long for a live rank 0, and a worker whose rank 0 is gone times out
+and exits. A worker process that dies closes its connections and rank 0's step fails at
+once; rank 0 also watches the processes it started, to name the one that exited. Either
+way the step raises :class:`~minillm.serve.errors.EngineDeadError` with the reason.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ..checkpoint import load_model, resolve_checkpoint
 from ..config import ModelConfig
 from ..model import Transformer
-from ..serve.runner import FlatBatch, ModelRunner, SlotMapping
+from ..serve.errors import EngineDeadError
+from ..serve.executors.batch import FlatBatch
+from ..serve.runner import ModelRunner, SlotMapping
 from .launch import free_port, share_cores
 from .loading import load_shard
 from .tensor import ShardWeight, check_split, tensor_parallel
+from .worker import HEARTBEAT, LOAD_TIMEOUT, loaded_key, serve_rank, wait_for_every_rank
 
-# Workers wait for rank 0's next step inside a collective, which times out after this:
-# an engine left idle longer than this needs rebuilding.
-IDLE_TIMEOUT = timedelta(hours=24)
+STORE_TIMEOUT = timedelta(minutes=2)  # for every rank to reach rank 0's store
 
 
 def load_rank_model(checkpoint: str, rank: int, world: int, shard_attention: bool,
@@ -49,57 +71,31 @@ def load_rank_model(checkpoint: str, rank: int, world: int, shard_attention: boo
                            shard_attention=shard_attention, shard=shard)
 
 
-def _rendezvous(rank: int, world: int, port: int) -> dist.TCPStore:
-    """The key-value store the ranks meet at (rank 0 hosts it on 127.0.0.1:``port``)."""
-    return dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, wait_for_workers=False,
-                         timeout=timedelta(minutes=5))
+def under_torchrun() -> bool:
+    """Was this process started by torchrun (or another env:// launcher)?"""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                "MASTER_PORT"))
 
 
-def _join_group(store: dist.TCPStore, rank: int, world: int) -> None:
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=IDLE_TIMEOUT)
-
-
-def _worker_main(index: int, world: int, port: int, checkpoint: str, shard_attention: bool,
-                 shard: ShardWeight | None, num_blocks: int, block_size: int) -> None:
-    """A worker rank: load its shard, say so, then run every forward pass rank 0
-    broadcasts, until it sends None."""
-    rank = index + 1
-    store = _rendezvous(rank, world, port)
-    share_cores(world)
-    model = load_rank_model(checkpoint, rank, world, shard_attention, shard)
-    store.set(f"loaded{rank}", "yes")
-    _join_group(store, rank, world)
-    try:
-        runner = ModelRunner(model, num_blocks, block_size)
-        while (batch := _receive()) is not None:
-            runner.forward(batch)
-    finally:
-        dist.destroy_process_group()
-
-
-def _receive() -> FlatBatch | None:
-    message = [None]
-    dist.broadcast_object_list(message, src=0)
-    return message[0]
-
-
-def _wait_until_loaded(store: dist.TCPStore, workers: mp.ProcessContext, world: int) -> None:
-    """Wait for every worker's shard; a worker that failed raises its error here (and the
-    others are terminated) instead of leaving rank 0 waiting in a collective."""
-    keys = [f"loaded{rank}" for rank in range(1, world)]
-    while not store.check(keys):
-        if workers.join(timeout=0.5):  # raises if one failed; True if all exited
-            raise RuntimeError("the tensor-parallel workers exited before loading")
+def join_group_at(store: str, rank: int, world: int, timeout: float = 60.0) -> dist.Store:
+    """Join the gloo group whose store rank 0 hosts at ``host:port``; return the store."""
+    host, port = store.rsplit(":", 1)
+    meeting = dist.TCPStore(host, int(port), world, is_master=rank == 0,
+                            wait_for_workers=False, timeout=STORE_TIMEOUT)
+    dist.init_process_group("gloo", store=meeting, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout))
+    return meeting
 
 
 class TensorParallelRunner(ModelRunner):
-    """The engine's runner on rank 0 of ``world`` processes: it starts the workers, and
-    every forward pass it runs, they run too."""
+    """The engine's runner on rank 0 of ``world`` ranks: every forward pass it runs, the
+    other ranks run too. ``worker_timeout``: the seconds any collective may wait for a
+    rank before the group counts as lost."""
 
     def __init__(self, checkpoint: str, world: int, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping, *, shard_attention: bool = True,
-                 shard: ShardWeight | None = None):
+                 shard: ShardWeight | None = None, worker_timeout: float = 60.0,
+                 executor: str = "auto"):
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group; close "
                                "the other engine (llm.close()) first")
@@ -107,29 +103,159 @@ class TensorParallelRunner(ModelRunner):
         config = ModelConfig.from_json(f"{checkpoint}/config.json")
         check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
                     config.vocab_size, world, shard_attention)
-        port, self.threads = free_port(), torch.get_num_threads()
-        store = _rendezvous(0, world, port)
-        self.workers = mp.start_processes(
-            _worker_main, nprocs=world - 1, join=False, daemon=True, start_method="spawn",
-            args=(world, port, checkpoint, shard_attention, shard, num_blocks, block_size))
-        model = load_rank_model(checkpoint, 0, world, shard_attention, shard)
-        _wait_until_loaded(store, self.workers, world)
-        _join_group(store, 0, world)
+        self.threads, self.workers = torch.get_num_threads(), []
+        if under_torchrun():
+            _join_torchrun_group(world, worker_timeout)
+            if dist.get_rank() != 0:  # torchrun's other ranks serve rank 0, then end
+                serve_rank(load_rank_model(checkpoint, dist.get_rank(), world,
+                                           shard_attention, shard),
+                           num_blocks, block_size, executor)
+                raise SystemExit(0)
+        else:
+            store = f"127.0.0.1:{free_port()}"
+            self.workers = _start_workers(store, world, worker_timeout, checkpoint,
+                                          shard_attention, shard, num_blocks, block_size,
+                                          executor)
+            meeting = self._starting(lambda: join_group_at(store, 0, world, worker_timeout))
         share_cores(world)
-        super().__init__(model, num_blocks, block_size, slot_mapping)
+        model = load_rank_model(checkpoint, 0, world, shard_attention, shard)
+        super().__init__(model, num_blocks, block_size, slot_mapping, executor)
+        if self.workers:
+            self._starting(lambda: self._wait_for_workers_loaded(meeting))
+        self._starting(wait_for_every_rank)
+        self.broadcasting = threading.Lock()  # one collective sequence, steps and heartbeats
+        self.failure: str | None = None
+        self.closed = threading.Event()
+        self.heartbeat_every = max(0.5, min(5.0, worker_timeout / 4))
+        threading.Thread(target=self._heartbeat, name="minillm-tp-heartbeat",
+                         daemon=True).start()
+
+    def _starting(self, phase):
+        """Run a start-up phase (joining, loading, the barrier) and return what it returns;
+        if a worker fails in it, stop the others and say which one (its own error is
+        printed above)."""
+        try:
+            return phase()
+        except Exception as error:  # noqa: BLE001 - reported with the failing worker
+            exited = [f"worker {rank} (code {p.poll()})"
+                      for rank, p in enumerate(self.workers, start=1) if p.poll() is not None]
+            self._stop_workers(kill=True)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise RuntimeError(
+                f"the tensor-parallel ranks did not start: {', '.join(exited) or error}; "
+                "the failing rank's error is printed above") from None
+
+    def _wait_for_workers_loaded(self, meeting: dist.Store) -> None:
+        """Wait for every worker's ``loaded/<rank>`` key while watching the processes: a
+        worker that dies while loading (a shard function it cannot import, a missing file)
+        fails the start at once, where a barrier would wait out its whole timeout."""
+        keys = [loaded_key(rank) for rank in range(1, len(self.workers) + 1)]
+        deadline = time.monotonic() + LOAD_TIMEOUT.total_seconds()
+        while not meeting.check(keys):
+            if any(process.poll() is not None for process in self.workers):
+                raise RuntimeError("a worker exited while loading its shard")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers did not load within {LOAD_TIMEOUT}")
+            time.sleep(0.05)
 
     def forward(self, batch: FlatBatch) -> torch.Tensor:
         """Send ``batch`` to the workers, then run it here with them."""
-        dist.broadcast_object_list([batch], src=0)
-        return super().forward(batch)
+        if self.failure is not None:
+            raise EngineDeadError(self.failure)
+        with self.broadcasting:
+            try:
+                dist.broadcast_object_list([batch], src=0)
+                return super().forward(batch)
+            except Exception as error:  # the ranks are out of step now, whatever failed
+                self.failure = self._cause(error)
+                self._stop_workers(kill=True)
+                raise EngineDeadError(self.failure) from error
+
+    def _heartbeat(self) -> None:
+        """While no step runs, tell the workers rank 0 is alive (so their waits for the
+        next step never reach ``worker_timeout``)."""
+        while not self.closed.wait(self.heartbeat_every):
+            if self.broadcasting.acquire(blocking=False):
+                try:
+                    if self.failure is None and not self.closed.is_set():
+                        dist.broadcast_object_list([HEARTBEAT], src=0)
+                except Exception as error:  # noqa: BLE001 - the next step reports it
+                    self.failure = self._cause(error)
+                finally:
+                    self.broadcasting.release()
+
+    def _cause(self, error: Exception) -> str:
+        """Why the group is lost, as a message that says what to do."""
+        deadline = time.monotonic() + 2.0  # a dead worker's socket closes before it is reaped
+        while time.monotonic() < deadline:
+            for rank, process in enumerate(self.workers, start=1):
+                if process.poll() is not None:
+                    return (f"tensor-parallel worker {rank} exited (code {process.returncode});"
+                            " the group cannot compute without it: restart the engine")
+            if not self.workers:
+                break
+            time.sleep(0.05)
+        if "timed out" in str(error).lower() or "timeout" in str(error).lower():
+            return ("a tensor-parallel rank did not answer within worker_timeout (it hung, or "
+                    "its machine is unreachable); restart the engine")
+        return (f"a tensor-parallel step failed ({type(error).__name__}: {error}), leaving the "
+                "ranks out of step; restart the engine")
+
+    def _stop_workers(self, kill: bool) -> None:
+        for process in self.workers:
+            if kill:
+                process.kill()
+            try:
+                process.wait(timeout=1 if kill else 60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     def close(self) -> None:
         """Stop the workers and leave the process group."""
         if not dist.is_initialized():
             return
-        dist.broadcast_object_list([None], src=0)
-        if not self.workers.join(timeout=60):
-            for process in self.workers.processes:
-                process.kill()
+        self.closed.set()
+        with self.broadcasting:
+            if self.failure is None:
+                dist.broadcast_object_list([None], src=0)
+        self._stop_workers(kill=self.failure is not None)
         dist.destroy_process_group()
         torch.set_num_threads(self.threads)
+
+
+def _join_torchrun_group(world: int, timeout: float) -> None:
+    """Join torchrun's group (env:// rendezvous), checking it has ``world`` ranks."""
+    if int(os.environ["WORLD_SIZE"]) != world:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the "
+                         f"engine asks for tensor_parallel_size={world}; make them equal")
+    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+
+
+def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
+                   shard_attention: bool, shard: ShardWeight | None, num_blocks: int,
+                   block_size: int, executor: str) -> list[subprocess.Popen]:
+    """Ranks 1 .. world - 1 as ``python -m minillm.parallel.worker`` processes."""
+    options = [f"--world={world}", f"--store={store}", f"--timeout={timeout}",
+               f"--checkpoint={checkpoint}", f"--num-blocks={num_blocks}",
+               f"--block-size={block_size}", f"--executor={executor}"]
+    if not shard_attention:
+        options.append("--replicate-attention")
+    if shard is not None:
+        options.append(f"--shard={_importable_name(shard)}")
+    # the workers import what rank 0 can (a shard function from the course's solutions/)
+    path = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+    return [subprocess.Popen([sys.executable, "-m", "minillm.parallel.worker",
+                              f"--rank={rank}", *options], env=path)
+            for rank in range(1, world)]
+
+
+def _importable_name(function) -> str:
+    """``module:name`` of a function a worker process can import, or a clear error."""
+    module, name = function.__module__, function.__qualname__
+    if module == "__main__" or "<" in name:
+        raise ValueError(f"the shard function {name!r} must be importable from a module (it "
+                         "runs in the worker processes): define it in a .py file, not in a "
+                         "script's main module, a notebook cell or a lambda")
+    return f"{module}:{name}"

@@ -31,9 +31,11 @@ def free_port() -> int:
 
 
 def share_cores(world: int) -> None:
-    """Give this rank its share of the machine's cores: ``world`` processes each running
-    all cores' threads would fight over them."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    """Give this rank its share of this machine's cores: ``world`` processes (or, under
+    torchrun, the ``LOCAL_WORLD_SIZE`` on this machine) each running all cores' threads
+    would fight over them."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
 def _rank_main(rank: int, fn, world: int, port: int, out: str, backend: str, args) -> None:

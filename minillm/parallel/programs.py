@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint import load_model
-from ..generate import generate
+from ..reference import generate
 from .loading import load_shard
 from .pipeline import pipeline_forward, pipeline_stage
 from .sequence import activation_bytes, sequence_parallel

@@ -210,8 +210,6 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
     heads = config.num_heads // world if shard_attention else config.num_heads
     kv_heads = config.num_kv_heads // world if shard_attention else config.num_kv_heads
     for block in model.layers:
-        if block.attn.qkv_proj is not None or block.mlp.gate_up_proj is not None:
-            raise ValueError("shard the model before fuse_projections()")
         if shard_attention:
             _shard_module(block.attn, rank, world, shard)
             block.attn.num_heads, block.attn.num_kv_heads = heads, kv_heads

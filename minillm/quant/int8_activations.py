@@ -105,11 +105,18 @@ class Int8ActivationLinear(CompressedLinear):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def reference_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T the readable way: the integer sums Σ_i (q_x,i − z_x) q_o,i, exact in float64,
-        then times s_x · s_o in float32, in the kernel's order (so the two agree bit for bit)."""
-        codes, scale, zero = quantize_activations(x)
-        sums = (codes - zero).double() @ self.codes.double().T
-        return (sums.float() * (scale * self.scales)).to(x.dtype)
+        """x W^T the readable way (:func:`int8_linear_reference`)."""
+        return int8_linear_reference(x, self.codes, self.scales, self.code_sums)
+
+
+def int8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                          code_sums: torch.Tensor | None = None) -> torch.Tensor:
+    """``minillm::int8_linear`` written out: the integer sums Σ_i (q_x,i − z_x) q_o,i, exact
+    in float64, then times s_x · s_o in float32, in the kernel's order (so the two agree bit
+    for bit; it is also what runs where the C++ kernels cannot be built)."""
+    x_codes, scale, zero = quantize_activations(x)
+    sums = (x_codes - zero).double() @ codes.double().T
+    return (sums.float() * (scale * scales)).to(x.dtype)
 
 
 def to_int8_activations(model: torch.nn.Module) -> torch.nn.Module:

@@ -71,11 +71,19 @@ class W4A8Linear(CompressedLinear):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def reference_product(self, x: torch.Tensor) -> torch.Tensor:
-        """The module docstring's sums, written out: S and C exact in float64."""
-        codes, scale = quantize_symmetric(x)
-        groups = codes.double().unflatten(-1, (-1, self.group_size))  # [..., G, g]
-        weights = unpack_int4_groups(self.codes).double().unflatten(1, (-1, self.group_size))
-        sums = torch.einsum("...gi,ogi->...og", groups, weights)  # S [..., out, G]
-        per_group = sums - self.zeros.double() * groups.sum(-1).unsqueeze(-2)
-        y = scale.double() * (self.scales.double() * per_group).sum(-1)
-        return y.to(x.dtype)
+        """The module docstring's sums, written out (:func:`w4a8_linear_reference`)."""
+        return w4a8_linear_reference(x, self.codes, self.scales, self.zeros)
+
+
+def w4a8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                          zeros: torch.Tensor) -> torch.Tensor:
+    """``minillm::w4a8_linear`` written out, S and C exact in float64 (the kernel agrees to
+    float32 rounding; this is also what runs where the C++ kernels cannot be built)."""
+    group = 2 * codes.shape[2]
+    x_codes, scale = quantize_symmetric(x)
+    groups = x_codes.double().unflatten(-1, (-1, group))  # [..., G, g]
+    weights = unpack_int4_groups(codes).double().unflatten(1, (-1, group))
+    sums = torch.einsum("...gi,ogi->...og", groups, weights)  # S [..., out, G]
+    per_group = sums - zeros.double() * groups.sum(-1).unsqueeze(-2)
+    y = scale.double() * (scales.double() * per_group).sum(-1)
+    return y.to(x.dtype)

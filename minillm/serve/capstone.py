@@ -9,16 +9,18 @@ tokenizer's stop tokens, all submitted at once, and reports
 * **memory**: the bytes of the weights (rank 0's under tensor parallelism), and of the KV
   cache at its peak — blocks held × bytes per block for the engine (rounding waste
   included), tokens held × bytes per token for one request at a time;
-* **lossless**: how many requests got exactly the tokens of plain minillm ``generate``
+* **lossless**: how many requests got exactly the tokens of the course's reference loop
   (greedy decoding must not change them; rows that change the weights are compared for
-  information).
+  information, with their **perplexity** beside them).
 
-The rows (:func:`capstone_rows`) are the chapters in order: Hugging Face ``generate``, our
-KV cache with every query head's own copy of its K/V head (MHA-style, chapter 3), the
-cache of the KV heads only (GQA, chapter 4), the [in, out] layout and a compiled decode
-step (chapter 2), continuous batching over paged blocks (chapters 12–13), prefix caching,
-speculation (chapter 11), int8 weights × int8 activations (chapter 6) and tensor
-parallelism (chapter 14). Used by ``benchmarks/capstone.py`` and the chapter 15 notebook.
+The rows (:func:`capstone_rows`) are the chapters in order: Hugging Face ``generate``, the
+reference loop's KV cache with every query head's own copy of its K/V head (MHA-style,
+chapter 3), the cache of the KV heads only (GQA, chapter 4), the engine's native decode
+step one request at a time (chapters 1–2: weights streamed by a loop that reads them at
+memory speed), continuous batching over paged blocks with eager steps (chapters 12–13),
+the same with native decode steps, prefix caching, speculation (chapter 11), int8 weights
+× int8 activations (chapter 6) and tensor parallelism (chapter 14). Used by
+``benchmarks/capstone.py`` and the chapter 15 notebook.
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 import torch
 
 from ..checkpoint import resolve_checkpoint
-from ..compile import compile_decode
 from ..config import ModelConfig
 from ..generate import generate
 from ..gqa import expand_kv_heads
@@ -43,6 +44,7 @@ from ..quant import QuantScheme, quantize_model
 from ..quant.embedding import compact_embedding
 from ..quant.int8_activations import to_int8_activations
 from ..quant.qlinear import model_nbytes
+from ..reference import generate as reference_generate
 from ..sampling import SamplingParams
 from .llm import LLM
 from .metrics import summarize
@@ -50,7 +52,7 @@ from .scheduler import SchedulerConfig
 from .workload import TraceRequest
 
 MAX_BATCH = 16  # sequences per engine step in every engine row
-PLAIN = "+ GQA-aware KV cache"  # plain minillm generate: the tokens every row is compared with
+PLAIN = "+ GQA-aware KV cache"  # the reference loop: the tokens every row is compared with
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class CapstoneRow:
     tpot_p95: float
     weight_bytes: int
     kv_bytes: int  # at the peak
+    perplexity: float | None = None  # measured for rows whose weights differ from plain's
 
     @property
     def throughput(self) -> float:
@@ -132,24 +135,30 @@ def _until_stop(tokens: list[int], stop: list[int]) -> list[int]:
 
 
 def minillm_row(name: str, model: Transformer, trace: list[TraceRequest],
-                stop: list[int]) -> CapstoneRow:
-    """minillm ``generate``, one request at a time."""
-    return one_at_a_time(name, minillm_runner(model, stop), trace, model.config,
+                stop: list[int], executor: str | None = None) -> CapstoneRow:
+    """minillm, one request at a time: the reference loop, or with an ``executor`` the
+    engine's ``generate``."""
+    return one_at_a_time(name, minillm_runner(model, stop, executor), trace, model.config,
                          model_nbytes(model))
 
 
-def minillm_runner(model: Transformer, stop: list[int]) -> Runner:
+def minillm_runner(model: Transformer, stop: list[int], executor: str | None = None) -> Runner:
     def run(prompt, max_tokens, on_first_token):
+        if executor is None:
+            return reference_generate(model, [prompt], max_tokens, stop_tokens=stop,
+                                      on_token=lambda _: on_first_token())[0]
         return generate(model, [prompt], max_tokens, stop_tokens=stop,
-                        on_token=lambda _: on_first_token())[0]
+                        on_token=lambda _: on_first_token(), executor=executor)[0]
     return run
 
 
 # -- the engine --------------------------------------------------------------------------------
 
 def engine_row(name: str, trace: list[TraceRequest], model: Transformer | str, tokenizer,
+               perplexity: Callable[[Transformer], float] | None = None,
                **options) -> CapstoneRow:
-    """The whole trace submitted to one ``LLM(model, **options)`` at once."""
+    """The whole trace submitted to one ``LLM(model, **options)`` at once (with the
+    model's ``perplexity``, when given)."""
     options.setdefault("scheduler", SchedulerConfig(max_batch=MAX_BATCH))
     with LLM(model, tokenizer=tokenizer, **options) as llm:
         llm.generate([trace[0].prompt], SamplingParams(max_tokens=4), progress=False)  # warm-up
@@ -164,7 +173,8 @@ def engine_row(name: str, trace: list[TraceRequest], model: Transformer | str, t
         summary = summarize(seqs)
         return CapstoneRow(name, [list(seq.output) for seq in seqs], seconds,
                            summary.ttft["p95"], summary.tpot["p95"], model_nbytes(llm.model),
-                           peak_blocks * llm.runner.cache.bytes_per_block())
+                           peak_blocks * llm.runner.cache.bytes_per_block(),
+                           perplexity(llm.model) if perplexity else None)
 
 
 def w8a8_model(plain: Transformer) -> Transformer:
@@ -176,11 +186,13 @@ def w8a8_model(plain: Transformer) -> Transformer:
 
 
 def capstone_rows(trace: list[TraceRequest], plain: Transformer, tokenizer, *,
-                  hf_model=None, tensor_parallel: bool = True
+                  hf_model=None, tensor_parallel: bool = True,
+                  perplexity: Callable[[Transformer], float] | None = None
                   ) -> list[tuple[str, Callable[[], CapstoneRow]]]:
     """(name, run) for each row, cheapest to build first; ``hf_model`` None leaves out
     Hugging Face's row, ``tensor_parallel=False`` the 2-process row (it needs the
-    checkpoint on disk)."""
+    checkpoint on disk). ``perplexity(model)``, when given, scores the plain row and the
+    row whose weights differ (W8A8)."""
     stop = tokenizer.stop_tokens
     speculative = SchedulerConfig(max_batch=MAX_BATCH, speculative_tokens=4)
     builds: dict[str, Callable[[str], CapstoneRow]] = {}
@@ -188,19 +200,27 @@ def capstone_rows(trace: list[TraceRequest], plain: Transformer, tokenizer, *,
         hf_weights = sum(p.nbytes for p in hf_model.parameters())  # tied: counted once
         builds["HF generate, one at a time"] = lambda name: one_at_a_time(
             name, hf_runner(hf_model, stop), trace, plain.config, hf_weights)
+
+    def plain_row(name: str) -> CapstoneRow:
+        row = minillm_row(name, plain, trace, stop)
+        return replace(row, perplexity=perplexity(plain)) if perplexity else row
+
     builds |= {
         "minillm, KV cache (heads repeated: MHA)":
             lambda name: minillm_row(name, expand_kv_heads(plain), trace, stop),
-        PLAIN: lambda name: minillm_row(name, plain, trace, stop),
-        "+ [in, out] layout, compiled":
-            lambda name: minillm_row(name, compile_decode(copy.deepcopy(plain)), trace, stop),
-        "continuous batching, paged KV":
+        PLAIN: plain_row,
+        "+ native decode step":
+            lambda name: minillm_row(name, plain, trace, stop, executor="native"),
+        "continuous batching, paged KV (eager steps)":
+            lambda name: engine_row(name, trace, plain, tokenizer, prefix_caching=False,
+                                    executor="eager"),
+        "+ native decode steps":
             lambda name: engine_row(name, trace, plain, tokenizer, prefix_caching=False),
         "+ prefix caching": lambda name: engine_row(name, trace, plain, tokenizer),
         "+ speculation (prompt lookup)":
             lambda name: engine_row(name, trace, plain, tokenizer, scheduler=speculative),
         "prefix caching + W8A8 int8":
-            lambda name: engine_row(name, trace, w8a8_model(plain), tokenizer),
+            lambda name: engine_row(name, trace, w8a8_model(plain), tokenizer, perplexity),
     }
     if tensor_parallel:
         builds["prefix caching + TP 2"] = lambda name: engine_row(
@@ -218,11 +238,12 @@ def format_table(rows: list[CapstoneRow], reference: CapstoneRow) -> str:
     """A Markdown table; speed-ups against the first row."""
     baseline = rows[0].throughput
     lines = ["| row | tokens/s | vs first | TTFT p95 | TPOT p95 | weights | KV peak | "
-             "equal to plain |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "equal to plain | perplexity |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
+        quality = "" if row.perplexity is None else f"{row.perplexity:.2f}"
         lines.append(
             f"| {row.name} | {row.throughput:.1f} | {row.throughput / baseline:.2f}x | "
             f"{row.ttft_p95:.2f} s | {1000 * row.tpot_p95:.0f} ms | "
             f"{row.weight_bytes / 2**20:.0f} MiB | {row.kv_bytes / 2**20:.1f} MiB | "
-            f"{equal_to(row, reference)}/{len(row.tokens)} |")
+            f"{equal_to(row, reference)}/{len(row.tokens)} | {quality} |")
     return "\n".join(lines)

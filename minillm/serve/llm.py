@@ -15,11 +15,19 @@ they fork from the computed prompt and share its blocks (``RequestOutput.outputs
 
 Bad requests do not take the batch down: an empty prompt, a prompt longer than the
 context, or a request that needs more KV blocks than the whole pool finishes at once with
-``finish_reason`` "error" and a message; the other requests go on.
+``finish_reason`` "error" and a message; the other requests go on. A step that raises
+fails the requests it was computing, the same way, and frees their blocks
+(:mod:`.errors`); only an engine that cannot compute any more (a dead tensor-parallel
+worker) stops, failing every request and raising :class:`~.errors.EngineDeadError`.
+
+``SchedulerConfig(speculative_tokens=γ)`` turns on speculative decoding: prompt lookup
+guesses by default, or, with ``draft_model=``, a smaller model with its own paged pool
+(:mod:`.proposers`); ``verifier=`` replaces the rejection-sampling rule (chapter 11).
 
 ``tensor_parallel_size=t`` runs the model's forward passes on ``t`` processes, each holding
 a shard of every weight (:mod:`minillm.parallel.engine`); ``close()`` (or ``with LLM(...)``)
-stops them.
+stops them. A worker that dies, or a step longer than ``worker_timeout`` seconds, stops
+the engine with :class:`~.errors.EngineDeadError`.
 
 Its parts can be swapped for your own (the course's "your code in the engine"):
 ``block_manager=`` a :class:`~.block_manager.BlockManager` (or subclass) instance,
@@ -32,6 +40,7 @@ function that cuts each weight for tensor parallelism
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
@@ -45,9 +54,13 @@ from ..parallel.tensor import ShardWeight
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
+from .errors import EngineDeadError
+from .proposers import DraftModelProposer
 from .runner import ModelRunner, SlotMapping
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import FinishReason, Sequence
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,26 +98,49 @@ class LLM:
                  block_manager: BlockManager | None = None,
                  slot_mapping: SlotMapping = default_slot_mapping,
                  tensor_parallel_size: int = 1, shard_attention: bool = True,
-                 shard_weight: ShardWeight | None = None):
+                 shard_weight: ShardWeight | None = None, worker_timeout: float = 60.0,
+                 executor: str = "auto", draft_model: str | Transformer | None = None,
+                 verifier=None):
         self.blocks = block_manager or BlockManager(num_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(scheduler or SchedulerConfig(), self.blocks)
+        config = scheduler or SchedulerConfig()
         if tensor_parallel_size > 1:
             self.runner = self._parallel_runner(model, tensor_parallel_size, slot_mapping,
-                                                shard_attention, shard_weight)
+                                                shard_attention, shard_weight, worker_timeout,
+                                                executor)
             self.model = self.runner.model
         else:
             self.model = model if isinstance(model, Transformer) else load_model(model)
             self.runner = ModelRunner(self.model, self.blocks.num_blocks,
-                                      self.blocks.block_size, slot_mapping)
+                                      self.blocks.block_size, slot_mapping, executor, verifier)
+        self.proposer = self._draft_proposer(draft_model, config, slot_mapping, executor)
+        self.scheduler = Scheduler(config, self.blocks,
+                                   self.proposer.guesses if self.proposer else None)
         if tokenizer is None and not isinstance(model, Transformer):
             tokenizer = Tokenizer(model)
         self.tokenizer = tokenizer
         self.requests: dict[int, Sequence] = {}
         self.last_step_tokens = 0
+        self.dead: str | None = None  # why the engine stopped, once it has
+
+    def _draft_proposer(self, draft_model: str | Transformer | None, config: SchedulerConfig,
+                        slot_mapping: SlotMapping, executor: str) -> DraftModelProposer | None:
+        """The draft model's proposer (its own paged pool, this engine's block tables)."""
+        if draft_model is None:
+            return None
+        if config.speculative_tokens < 1:
+            raise ValueError("a draft model guesses for speculative decoding: give "
+                             "SchedulerConfig(speculative_tokens=γ) with γ >= 1")
+        draft = draft_model if isinstance(draft_model, Transformer) else load_model(draft_model)
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size} tokens) "
+                             f"is not the target's ({self.model.config.vocab_size}); a draft "
+                             "must share the target's tokenizer")
+        return DraftModelProposer(draft, self.blocks.num_blocks, self.blocks.block_size,
+                                  slot_mapping, executor)
 
     def _parallel_runner(self, model, world: int, slot_mapping: SlotMapping,
-                         shard_attention: bool, shard_weight: ShardWeight | None
-                         ) -> ModelRunner:
+                         shard_attention: bool, shard_weight: ShardWeight | None,
+                         worker_timeout: float, executor: str) -> ModelRunner:
         """Rank 0's runner of ``world`` tensor-parallel processes (chapter 14)."""
         from ..parallel.engine import TensorParallelRunner
 
@@ -113,7 +149,8 @@ class LLM:
                              "pass the checkpoint's name or path, not a loaded model")
         return TensorParallelRunner(model, world, self.blocks.num_blocks,
                                     self.blocks.block_size, slot_mapping,
-                                    shard_attention=shard_attention, shard=shard_weight)
+                                    shard_attention=shard_attention, shard=shard_weight,
+                                    worker_timeout=worker_timeout, executor=executor)
 
     def close(self) -> None:
         """Release the engine's processes (tensor parallelism); the engine is unusable after."""
@@ -156,7 +193,10 @@ class LLM:
 
     def add_request(self, prompt: str | Seq[int], params: SamplingParams = SamplingParams()
                     ) -> Sequence:
-        """Queue one request; a request that cannot be served is finished with an error."""
+        """Queue one request; a request that cannot be served is finished with an error.
+        A stopped engine raises :class:`EngineDeadError`."""
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
         stop = set(params.stop_token_ids)
         if self.tokenizer is not None:
             stop |= set(self.tokenizer.stop_tokens)
@@ -183,7 +223,7 @@ class LLM:
         this call."""
         if not seq.finished:
             self.scheduler.abort(seq)
-        self.runner.forget(seq)
+        self._forget(seq)
 
     @property
     def has_work(self) -> bool:
@@ -192,16 +232,58 @@ class LLM:
     def step(self) -> list[Sequence]:
         """One iteration of the engine; returns the sequences that finished in it.
         ``last_step_tokens`` says how many tokens it computed (0: nothing could run yet,
-        e.g. dynamic batching waiting to fill a batch)."""
+        e.g. dynamic batching waiting to fill a batch).
+
+        If computing the step raises, the step's requests finish with an error and the
+        engine goes on; if the engine cannot go on (:class:`EngineDeadError`), every
+        request fails and the error is raised, now and at every later call."""
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
         step = self.scheduler.schedule()
         self.last_step_tokens = step.num_tokens
         if not step.work:
             return []
-        sampled = self.runner.run(step)
+        try:
+            if self.proposer is not None:
+                self.proposer.propose(step)
+            sampled = self.runner.run(step)
+        except EngineDeadError as error:
+            self.stop(str(error))
+            raise
+        except Exception as error:  # noqa: BLE001 - the step's requests carry the error
+            return self._fail_step(step, error)
         finished = self.scheduler.finish_step(step, sampled)
         for seq in finished:
-            self.runner.forget(seq)
+            self._forget(seq)
         return finished
+
+    def _forget(self, seq: Sequence) -> None:
+        """Drop what the runner (and a draft model) kept for a finished sequence."""
+        self.runner.forget(seq)
+        if self.proposer is not None:
+            self.proposer.forget(seq)
+
+    def _fail_step(self, step, error: Exception) -> list[Sequence]:
+        """Finish the requests of a step that raised, with the error; free their blocks."""
+        logger.error("an engine step failed; its %d requests fail, the others go on",
+                     len(step.work), exc_info=error)
+        message = (f"the engine failed while computing this request ({type(error).__name__}: "
+                   f"{error}); other requests were not affected, and retrying may work")
+        failed = [s for seq, _ in step.work for s in (seq, *seq.unforked_samples)]
+        for seq in failed:
+            self.scheduler.abort(seq, FinishReason.ERROR, message)
+            self._forget(seq)
+        return failed
+
+    def stop(self, reason: str) -> None:
+        """Stop the engine for good: every unfinished request fails with ``reason``, its
+        blocks are freed, and every later step raises :class:`EngineDeadError`."""
+        self.dead = reason
+        for seq in [*self.scheduler.waiting, *self.scheduler.running]:
+            for s in (seq, *seq.unforked_samples):
+                if not s.finished:
+                    self.scheduler.abort(s, FinishReason.ERROR, reason)
+                self._forget(s)
 
     # -- offline and streaming use --------------------------------------------------------
 

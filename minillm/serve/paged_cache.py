@@ -1,21 +1,28 @@
 """The paged KV cache: one pool of blocks per layer, shared by every running sequence.
 
-    keys, values: [layers, num_blocks, block_size, kv_heads, head_dim]
+    keys[layer], values[layer]: [num_blocks, block_size, kv_heads, head_dim]
+
+Each layer's pool is a tensor of its own: a compiled step that writes into one layer of a
+stacked [layers, ...] tensor would copy the whole stack at every layer.
 
 A forward pass of the engine runs a flat list of tokens from many sequences. Before it,
 the runner describes that list (:class:`AttentionMetadata`): how many tokens each sequence
-contributes, how long each sequence is once they are in, the pool slot of every new token,
-and each sequence's block table. In every layer, :meth:`PagedKVCache.attend` then
+contributes (the decodes, one token each, first), how long each sequence is once they are
+in, the pool slot of every new token, and each sequence's block table. The model gets the
+pool and the description together, as a :class:`PagedAttention`, and in every layer its
+:meth:`~PagedAttention.attend`
 
 1. writes the new keys and values at their slots;
-2. computes each sequence's attention over its own cached tokens: the decodes (one query
-   each) together in one call, through the block tables, even when prefill chunks share the
-   step; each prefill chunk on its own, with a causal mask aligned
-   to the end of its keys (``causal_lower_right``: the chunk's queries are the sequence's
-   last tokens), a structured mask that is never materialised.
+2. computes each sequence's attention over its own cached tokens with the model's
+   attention backend (so ``set_attention_backend`` and the learner's attention work in the
+   engine): the decodes together, in one call over their gathered blocks, each prefill
+   chunk on its own, with a causal mask aligned to the end of its keys (the chunk's
+   queries are the sequence's last tokens).
 
-On a GPU the decodes go to the Triton paged-decode kernel (``minillm.kernels``); on a CPU
-to the PyTorch reference (:mod:`minillm.attention.paged`).
+This is the readable path, the eager executor's. The fast decode executors read the same
+pool through the block tables without gathering (``minillm::paged_decode_attention`` and
+the native step, :mod:`minillm.serve.executors`); on a GPU the decodes go to the Triton
+paged-decode kernel (``minillm.kernels``).
 """
 
 from __future__ import annotations
@@ -25,110 +32,116 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
-from ..attention.paged import gather_kv, paged_attention, write_kv
+from ..attention.paged import gather_kv, write_kv
 from ..config import ModelConfig
 
 
 @dataclass
 class AttentionMetadata:
-    """How the flat tokens of one forward pass belong to sequences (in order)."""
+    """How the flat tokens of one forward pass belong to sequences (in order; the first
+    ``num_decodes`` sequences have one new token each)."""
 
     query_lens: list[int]  # new tokens of each sequence
-    context_lens: torch.Tensor  # [seqs] tokens each sequence attends to, the new ones included
-    slot_mapping: torch.Tensor  # [tokens] pool slot of each new token
-    block_tables: torch.Tensor  # [seqs, max_blocks], padded with block 0
+    num_decodes: int  # the leading sequences with one new token (decodes)
+    context_lens: torch.Tensor  # [seqs] int64, tokens each sequence attends to, new included
+    slot_mapping: torch.Tensor  # [tokens] int64, pool slot of each new token (-1: write none)
+    block_tables: torch.Tensor  # [seqs, width] int64, padded with block 0
+
+    @property
+    def decode_only(self) -> bool:
+        return self.num_decodes == len(self.query_lens)
 
     @cached_property
-    def sequence_rows(self) -> list[tuple[int, int, int]]:
-        """(sequence, its first row in the flat token list, its rows) for every sequence."""
-        starts = itertools.accumulate(self.query_lens, initial=0)  # one more than sequences
-        return [(s, start, n) for s, (start, n)
-                in enumerate(zip(starts, self.query_lens, strict=False))]
-
-    @cached_property
-    def single_queries(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sequences with one new token (decodes) and that token's row in the flat list:
-        they share one batched attention call, whatever else is in the step."""
-        singles = [(s, start) for s, start, n in self.sequence_rows if n == 1]
-        device = self.context_lens.device
-        return (torch.tensor([s for s, _ in singles], dtype=torch.long, device=device),
-                torch.tensor([row for _, row in singles], dtype=torch.long, device=device))
-
-    @cached_property
-    def chunks(self) -> list[tuple[int, int, int]]:
-        """(sequence, first row, rows) of every sequence with more than one new token."""
-        return [(s, start, n) for s, start, n in self.sequence_rows if n > 1]
+    def chunks(self) -> list[tuple[int, int, int, int]]:
+        """(sequence, first row in the flat token list, rows, keys) of every sequence after
+        the decodes: prefill chunks and speculative verifications."""
+        starts = list(itertools.accumulate(self.query_lens, initial=0))
+        lengths = self.context_lens.tolist()
+        return [(s, starts[s], self.query_lens[s], lengths[s])
+                for s in range(self.num_decodes, len(self.query_lens))]
 
 
 class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads,
-                 config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
-        self.metadata: AttentionMetadata | None = None
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device)
+                     for _ in range(config.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device)
+                       for _ in range(config.num_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
 
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        return sum(t.nbytes for t in (*self.keys, *self.values))
 
     def bytes_per_block(self) -> int:
-        return self.nbytes() // self.keys.shape[1]
+        return self.nbytes() // self.num_blocks
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each destination block the source block's keys and values."""
         if copies:
-            source, destination = (torch.tensor(ids, device=self.keys.device)
+            source, destination = (torch.tensor(ids, device=self.keys[0].device)
                                    for ids in zip(*copies, strict=True))
-            self.keys[:, destination] = self.keys[:, source]
-            self.values[:, destination] = self.values[:, source]
+            for pool in (*self.keys, *self.values):
+                pool[destination] = pool[source]
+
+    def bind(self, metadata: AttentionMetadata) -> PagedAttention:
+        """The pool as one forward pass sees it: with that pass's metadata."""
+        return PagedAttention(self, metadata)
+
+
+@dataclass
+class PagedAttention:
+    """The cache argument of the model's layers in one engine forward pass."""
+
+    cache: PagedKVCache
+    metadata: AttentionMetadata
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask=None, backend=None) -> torch.Tensor:
         """q [1, heads, tokens, head_dim], k/v [1, kv_heads, tokens, head_dim] of the flat
-        batch described by :attr:`metadata`; returns the attention output like q."""
+        batch; returns the attention output like q, computed by ``backend``."""
         meta = self.metadata
-        key_pool, value_pool = self.keys[layer], self.values[layer]
+        key_pool, value_pool = self.cache.keys[layer], self.cache.values[layer]
         write_kv(key_pool, value_pool, k[0].transpose(0, 1), v[0].transpose(0, 1),
                  meta.slot_mapping)
         q = q[0].transpose(0, 1)  # [tokens, heads, head_dim]
-        if not meta.chunks:  # decode only: one query per sequence, in order
-            return self._decode(q, key_pool, value_pool, meta.block_tables,
-                                meta.context_lens).transpose(0, 1)[None]
         out = torch.empty_like(q)
-        seqs, rows = meta.single_queries
-        if len(rows):
-            out[rows] = self._decode(q[rows], key_pool, value_pool, meta.block_tables[seqs],
-                                     meta.context_lens[seqs])
-        for s, start, n in meta.chunks:
+        decodes = meta.num_decodes
+        if decodes:
+            out[:decodes] = _attend_decodes(q[:decodes], key_pool, value_pool,
+                                            meta.block_tables[:decodes],
+                                            meta.context_lens[:decodes], backend)
+        for s, start, n, length in meta.chunks:
             chunk = q[start:start + n].transpose(0, 1)[None]
-            out[start:start + n] = self._prefill(chunk, key_pool, value_pool, meta, s)[0] \
-                .transpose(0, 1)
+            out[start:start + n] = _attend_chunk(chunk, key_pool, value_pool,
+                                                 meta.block_tables[s:s + 1], length,
+                                                 backend)[0].transpose(0, 1)
         return out.transpose(0, 1)[None]
 
-    @staticmethod
-    def _decode(q: torch.Tensor, key_pool, value_pool, block_tables, context_lens):
-        """One query per sequence: q [seqs, heads, head_dim] -> [seqs, heads, head_dim]."""
-        if q.is_cuda:
-            from ..kernels.paged_attention import paged_decode_attention
 
-            return paged_decode_attention(q, key_pool, value_pool, block_tables, context_lens)
-        return paged_attention(q[:, :, None], key_pool, value_pool, block_tables,
-                               context_lens)[:, :, 0]
+def _attend_decodes(q: torch.Tensor, key_pool, value_pool, block_tables, context_lens,
+                    backend) -> torch.Tensor:
+    """One query per sequence, q [seqs, heads, head_dim], over its gathered blocks, keys
+    past its length masked; -> [seqs, heads, head_dim]."""
+    if q.is_cuda:
+        from ..kernels.paged_attention import paged_decode_attention
 
-    @staticmethod
-    def _prefill(q: torch.Tensor, key_pool, value_pool, meta: AttentionMetadata, s: int):
-        """One sequence's chunk of queries [1, heads, n, head_dim] over its cached keys."""
-        length = int(meta.context_lens[s])
-        table = meta.block_tables[s:s + 1]
-        keys = gather_kv(key_pool, table)[:, :, :length]
-        values = gather_kv(value_pool, table)[:, :, :length]
-        n = q.shape[2]
-        causal = causal_lower_right(n, length) if n < length else None
-        return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype),
-                                              attn_mask=causal, is_causal=causal is None,
-                                              enable_gqa=keys.shape[1] != q.shape[1])
+        return paged_decode_attention(q, key_pool, value_pool, block_tables, context_lens)
+    keys, values = gather_kv(key_pool, block_tables), gather_kv(value_pool, block_tables)
+    visible = torch.arange(keys.shape[2], device=q.device) < context_lens[:, None]
+    return backend(q[:, :, None], keys.to(q.dtype), values.to(q.dtype),
+                   visible[:, None, None])[:, :, 0]
+
+
+def _attend_chunk(q: torch.Tensor, key_pool, value_pool, block_table, length: int,
+                  backend) -> torch.Tensor:
+    """A sequence's last n tokens' queries [1, heads, n, head_dim] over its first
+    ``length`` cached tokens: causal, aligned to the end of the keys."""
+    keys = gather_kv(key_pool, block_table)[:, :, :length]
+    values = gather_kv(value_pool, block_table)[:, :, :length]
+    n = q.shape[2]
+    query_steps = torch.arange(length - n, length, device=q.device)
+    causal = torch.arange(length, device=q.device)[None] <= query_steps[:, None]
+    return backend(q, keys.to(q.dtype), values.to(q.dtype), causal[None, None])

@@ -89,6 +89,7 @@ class SchedulerConfig:
     plan: Plan = plan_chunked_step  # chunked prefill: how a step's token budget is split
     speculative_tokens: int = 0  # γ: prompt-lookup tokens a decode may verify per step
     drafter: Callable[[list[int], int], list[int]] = lookup_ngram  # (tokens, γ) -> guesses
+    # (prompt lookup's; an engine with a draft model has the model guess instead)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -113,9 +114,16 @@ class Step:
         return sum(n for _, n in self.work)
 
 
+Guess = Callable[[Sequence, int], list[int]]
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, guess: Guess | None = None):
+        """``guess(seq, γ)``: the guesses a decoding sequence gets this step (default:
+        prompt lookup with ``config.drafter``; a draft model's are filled in later,
+        :mod:`.proposers`)."""
         self.config, self.blocks = config, blocks
+        self.guess = guess or (lambda seq, gamma: config.drafter(seq.tokens, gamma))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.random = random.Random(config.seed)
@@ -194,13 +202,13 @@ class Scheduler:
         """Draft up to ``speculative_tokens`` guesses for a decoding sequence, within the
         ``spare`` token budget, the request's remaining tokens and the blocks others may
         need; stores them in ``seq.draft`` and returns how many."""
-        seq.draft = []
+        seq.clear_draft()
         gamma = min(self.config.speculative_tokens, spare,
                     seq.max_tokens - len(seq.output) - 1)
         if gamma <= 0 or seq.num_uncomputed != 1 or seq.in_prefill \
                 or seq.params.repetition_penalty != 1.0:  # p would depend on the guesses
             return 0
-        draft = self.config.drafter(seq.tokens, gamma)[:gamma]
+        draft = self.guess(seq, gamma)[:gamma]
         extra_blocks = (self.blocks.new_blocks_needed(seq, 1 + len(draft))
                         - self.blocks.new_blocks_needed(seq, 1))
         if extra_blocks > self.blocks.num_free - len(self.running):
@@ -223,7 +231,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence, step: Step) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
-        seq.num_computed, seq.status, seq.draft = 0, Status.WAITING, []
+        seq.num_computed, seq.status = 0, Status.WAITING
+        seq.clear_draft()
         self.waiting.appendleft(seq)
         step.preempted.append(seq)
 
@@ -292,7 +301,7 @@ class Scheduler:
             seq.num_computed += n - (len(seq.draft) - accepted)  # rejected guesses do not count
             seq.num_drafted += len(seq.draft)
             seq.num_accepted += accepted
-            seq.draft = []
+            seq.clear_draft()
             forks = [s for s in seq.unforked_samples if s.id in sampled]
             for token in new:
                 seq.append(token, now)

@@ -28,6 +28,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from ..sampling import SamplingParams, TokenLogprob
 
 _ids = itertools.count()
@@ -64,6 +66,8 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)  # when each output token came
     samples: list[Sequence] = field(default_factory=list)  # n > 1: the request's other samples
     draft: list[int] = field(default_factory=list)  # speculative tokens of this step, unverified
+    draft_probs: torch.Tensor | None = None  # a draft model's distributions for them [γ, vocab]
+    # (None: certain guesses, as prompt lookup's: q is one-hot)
     num_drafted: int = 0  # speculative tokens proposed over the request's life ...
     num_accepted: int = 0  # ... and accepted by the target
     logprobs: list[TokenLogprob] = field(default_factory=list)  # with params.logprobs: one
@@ -85,6 +89,17 @@ class Sequence:
     def num_uncomputed(self) -> int:
         """Tokens whose keys and values are not in the cache yet."""
         return self.num_tokens - self.num_computed
+
+    def next_tokens(self, n: int) -> list[int]:
+        """The ``n`` tokens after the computed ones: the prompt's rest, the newest sampled
+        token, then this step's draft (without concatenating the whole sequence)."""
+        start, prompt = self.num_computed, len(self.prompt)
+        if start >= prompt:
+            return (self.output[start - prompt:] + self.draft)[:n]
+        return (self.prompt[start:] + self.output + self.draft)[:n]
+
+    def clear_draft(self) -> None:
+        self.draft, self.draft_probs = [], None
 
     @property
     def in_prefill(self) -> bool:

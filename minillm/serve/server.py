@@ -20,6 +20,12 @@ tokens, and an incomplete UTF-8 character is never sent. Bad requests get OpenAI
 body (``{"error": {"message", "type", "param", "code"}}``) with status 400, or 404 for an
 unknown model, and the server goes on. A client that disconnects mid-stream cancels its
 request: the engine frees its KV blocks before its next step.
+
+Faults: a request whose engine step failed gets a 500 with the error body (in a stream,
+an ``{"error": ...}`` event, which the ``openai`` client raises), and the others go on.
+If the engine stops (:class:`~.errors.EngineDeadError`), ``/health`` answers 503 with the
+reason, every waiting request fails at once, and new ones get a 503; ``on_engine_stop``
+lets ``minillm serve`` exit with an error status rather than serve nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -39,17 +45,25 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..parallel.launch import free_port
-from ..sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
+from ..sampling import MAX_LOGPROBS, SEED_RANGE, SamplingParams, TokenLogprob
 from . import metrics
 from .async_engine import AsyncEngine
 from .async_engine import Request as EngineRequest
 from .detokenizer import HoldBack, IncrementalDetokenizer, held_back
+from .errors import EngineDeadError
 from .llm import LLM
+from .sequence import FinishReason
 
-MAX_SAMPLES = 4
+# Limits a public server needs; each request past one gets a 400 that names it.
+MAX_SAMPLES = 4  # n
+MAX_BODY_BYTES = 1 << 20  # a request body (a prompt of a million characters is no chat)
+MAX_STOPS = 4  # stop strings (OpenAI's limit)
+MAX_STOP_CHARS = 256  # characters of one stop string
+SEED_BOUNDS = dict(ge=SEED_RANGE[0], le=SEED_RANGE[1])  # a 64-bit integer, as OpenAI's
 
 
 class Piece(NamedTuple):
@@ -76,7 +90,7 @@ class GenerationRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, **SEED_BOUNDS)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
     stream: bool = False
@@ -87,6 +101,16 @@ class GenerationRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_within_limits(cls, stop):
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        if any(not 0 < len(s) <= MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
+        return stop
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -121,6 +145,34 @@ class ChatRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body: what every refused or failed request gets."""
+
+    error: ErrorDetail
+
+
+def _documented(*statuses: int, streams: bool = False) -> dict:
+    """The OpenAPI ``responses`` of an endpoint: its errors, with OpenAI's body, and a
+    success that is JSON or, when the request asks to stream, server-sent events."""
+    meaning = {400: "A bad request (which field, and why, is in the message)",
+               401: "No API key, or the wrong one", 404: "No such model",
+               500: "The engine failed while computing the request",
+               503: "The engine has stopped (see /health)"}
+    responses = {status: {"model": ErrorBody, "description": meaning[status]}
+                 for status in statuses}
+    if streams:
+        responses[200] = {"description": "The completion, or with stream: true its events",
+                          "content": {"application/json": {}, "text/event-stream": {}}}
+    return responses
+
+
 class ApiError(Exception):
     """An error answered with OpenAI's error body."""
 
@@ -130,9 +182,12 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.param, self.code = (status, message, kind,
                                                                         param, code)
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
     def response(self) -> JSONResponse:
-        return JSONResponse(status_code=self.status, content={"error": {
-            "message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        return JSONResponse(status_code=self.status, content=self.body())
 
 
 class ServerMetrics:
@@ -170,26 +225,56 @@ class ServerMetrics:
 
 
 def create_app(llm: LLM, model_name: str = "smollm2", *,
-               hold_back: HoldBack = held_back) -> FastAPI:
+               hold_back: HoldBack = held_back,
+               on_engine_stop: Callable[[str], None] | None = None,
+               api_key: str | None = None) -> FastAPI:
     """The server's ASGI app around ``llm`` (which needs a tokenizer). ``hold_back`` is the
-    detokenizer's rule for text that may start a stop string (chapter 15: yours)."""
+    detokenizer's rule for text that may start a stop string (chapter 15: yours).
+    ``on_engine_stop(reason)`` is called once if the engine stops for good. With an
+    ``api_key``, every ``/v1`` endpoint wants ``Authorization: Bearer <api_key>`` (as
+    vLLM's ``--api-key``); the chat page, ``/health`` and ``/metrics`` stay open."""
     if llm.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer")
     engine = AsyncEngine(llm)
     server_metrics = ServerMetrics(llm)
 
+    def engine_ended(task: asyncio.Task) -> None:
+        if engine.dead is not None and on_engine_stop is not None:
+            on_engine_stop(engine.dead)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(engine.run())
+        task.add_done_callback(engine_ended)
         yield
         task.cancel()
 
     app = FastAPI(title="minillm", lifespan=lifespan)
     app.state.engine = engine
+    app.add_middleware(Limits, api_key=api_key)
+
+    def openapi() -> dict:
+        """FastAPI's schema, without the 422 it documents for every body: this server
+        answers a body that does not validate with a 400 (OpenAI's status)."""
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation["responses"].pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
         return error.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        """Starlette's own refusals (a body that is not text, an unknown path, a wrong
+        method) in OpenAI's body too."""
+        return ApiError(error.status_code, str(error.detail)).response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError):
@@ -204,16 +289,19 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
     async def chat_page():
         return CHAT_PAGE.read_text()
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "The engine has stopped: why"}})
     async def health():
+        if engine.dead is not None:
+            return JSONResponse(status_code=503, content={"status": "error",
+                                                          "message": engine.dead})
         return {"status": "ok"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_documented(401))
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": 0, "owned_by": "minillm"}]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         return PlainTextResponse(generate_latest(server_metrics.registry).decode())
 
@@ -224,13 +312,16 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
         params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
                                 seed=body.seed, n=body.n, logprobs=body.recorded_logprobs(),
                                 max_tokens=body.max_tokens or _room(llm, prompt))
-        request = await engine.submit(prompt, params)
+        try:
+            request = await engine.submit(prompt, params)
+        except EngineDeadError as error:
+            raise ApiError(503, str(error), kind="server_error") from None
         if request.seq.error is not None:
             server_metrics.record(request, "rejected")
             raise ApiError(400, request.seq.error, param="prompt")
         return request
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=_documented(400, 401, 404, 500, 503, streams=True))
     async def completions(body: CompletionRequest):
         prompt = body.prompt if isinstance(body.prompt, list) else \
             llm.tokenizer.encode(body.prompt)
@@ -239,7 +330,8 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
         return await respond(body, request, "text_completion",
                              whole=completion_choice, delta=completion_choice)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions",
+              responses=_documented(400, 401, 404, 500, 503, streams=True))
     async def chat_completions(body: ChatRequest):
         prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
         request = await start(body, prompt)
@@ -264,6 +356,8 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
             texts[piece.index] += piece.text
             reasons[piece.index] = piece.reason or reasons[piece.index]
             logprobs[piece.index] += piece.logprobs
+        if (failure := _failure(request)) is not None:
+            raise ApiError(500, failure, kind="server_error")
         wanted = request.seq.params.logprobs is not None
         choices = [whole(i, texts[i], reasons[i], logprobs[i] if wanted else None)
                    for i in range(samples)]
@@ -281,6 +375,10 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                                      **extra})
             wanted = request.seq.params.logprobs is not None
             async for piece in pieces:
+                if piece.reason == FinishReason.ERROR.value:  # the engine failed it
+                    yield sse_event(ApiError(500, request.samples[piece.index].error,
+                                             kind="server_error").body())
+                    break
                 entries = piece.logprobs if wanted else None
                 yield sse_event({**header, "object": chunk_kind, **extra, "choices": [
                     delta(piece.index, piece.text, piece.reason, entries)]})
@@ -325,19 +423,73 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                                 logprobs)
                 elif text:
                     yield Piece(index, text, None, logprobs)
-        server_metrics.record(request, "finished")
+        server_metrics.record(request, "failed" if _failure(request) else "finished")
 
     return app
 
 
+class Limits:
+    """ASGI middleware for what must be refused before a body is parsed: a body larger
+    than :data:`MAX_BODY_BYTES` (400, read no further) and, with an API key, a ``/v1``
+    request without it (401). Both answer with OpenAI's error body."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.api_key is not None and scope["path"].startswith("/v1") and \
+                headers.get(b"authorization", b"") != f"Bearer {self.api_key}".encode():
+            error = ApiError(401, "this server wants an API key: send the header "
+                             "'Authorization: Bearer <key>' (the openai client: api_key=...)",
+                             code="invalid_api_key")
+            return await error.response()(scope, receive, send)
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return await _too_large().response()(scope, receive, send)
+        body, more = b"", scope["method"] in ("POST", "PUT", "PATCH")
+        while more:  # read the body here, so one sent without its length is counted too
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before its body was in
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY_BYTES:
+                return await _too_large().response()(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later: only a disconnect can come
+
+        await self.app(scope, replay, send)
+
+
+def _too_large() -> ApiError:
+    return ApiError(400, f"the request body is larger than {MAX_BODY_BYTES} bytes; send a "
+                    "shorter prompt", code="request_too_large")
+
+
+def _failure(request: EngineRequest) -> str | None:
+    """The engine's error if it failed one of the request's samples."""
+    return next((seq.error for seq in request.samples
+                 if seq.finish_reason is FinishReason.ERROR), None)
+
+
 @contextmanager
-def serve_in_background(llm: LLM, model_name: str = "smollm2", *,
-                        hold_back: HoldBack = held_back) -> Iterator[str]:
+def serve_in_background(llm: LLM, model_name: str = "smollm2", **app_options
+                        ) -> Iterator[str]:
     """Serve ``llm`` on a free port of 127.0.0.1 from a thread of this process (uvicorn),
-    for a notebook or a test; yields the server's URL and stops it on exit."""
+    for a notebook or a test; yields the server's URL and stops it on exit.
+    ``app_options`` go to :func:`create_app` (``hold_back``, ``on_engine_stop``)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, hold_back=hold_back),
+    server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, **app_options),
                                            host="127.0.0.1", port=free_port(),
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

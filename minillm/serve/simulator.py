@@ -97,8 +97,8 @@ def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig
             scheduler.add(seq)
             seqs.append(seq)
         step = scheduler.schedule(now=clock)
-        if not step.work:
-            clock = pending[0].arrival if pending else clock
+        if not step.work:  # nothing may run yet: jump to the next arrival or deadline
+            clock = _next_event(pending, scheduler, clock)
             continue
         cached = sum(seq.num_computed for seq, _ in step.work)
         clock += cost.step_time(step.num_tokens, cached)
@@ -107,3 +107,17 @@ def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig
         if on_step is not None:
             on_step(clock, step, scheduler)
     return seqs
+
+
+def _next_event(pending: list[TraceRequest], scheduler: Scheduler, clock: float) -> float:
+    """When something can next change, after a step with nothing to run: the next arrival,
+    or the moment dynamic batching stops waiting to fill a batch (its oldest request has
+    waited ``max_wait``)."""
+    events = [pending[0].arrival] if pending else []
+    if scheduler.config.policy == "dynamic" and scheduler.waiting:
+        events.append(scheduler.waiting[0].arrival_time + scheduler.config.max_wait)
+    later = [t for t in events if t > clock]
+    if not later:
+        raise RuntimeError(f"the simulation is stuck at {clock:.3f} s: requests are waiting "
+                           "but none can run and nothing will arrive")
+    return min(later)

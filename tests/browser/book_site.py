@@ -7,13 +7,13 @@ import functools
 import http.server
 import io
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from bs4 import BeautifulSoup
+from devtools import find_chromium
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO / "book"
@@ -93,12 +93,6 @@ def cell_start(cell) -> str:
     return code.get_text().strip().splitlines()[0][:70] if code and code.get_text().strip() else "?"
 
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    raise RuntimeError("no Chromium found: install it (Debian: apt-get install chromium)")
-
 
 class ProbingHandler(http.server.SimpleHTTPRequestHandler):
     """Serves the built site, with PROBE added to every HTML page."""
@@ -131,7 +125,7 @@ class Rendered:
 def render(url: str, name: str, profile: Path) -> Rendered:
     """Open url in headless Chromium; save ARTIFACTS/<name>.html (the DOM after scripts ran)
     and ARTIFACTS/<name>.png (the whole page, WIDTH pixels wide)."""
-    common = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    common = [find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
     result = subprocess.run([*common, f"--window-size={WIDTH},1600", "--enable-logging=stderr",
                              "--v=0", "--dump-dom", url],
                             capture_output=True, text=True, timeout=180, check=True)

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_pair
 from minillm import distill as library
 from minillm.draft import layer_dropped
 from minillm.grading import load_impl
+from minillm.testing import tiny_pair
 
 impl = load_impl("ch10_distillation")
 

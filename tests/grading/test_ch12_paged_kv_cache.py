@@ -11,15 +11,15 @@ import random
 
 import pytest
 
-from conftest import varied_random_model
 from minillm.attention.paged import slot_mapping as library_slot_mapping
 from minillm.config import ModelConfig
-from minillm.generate import generate
 from minillm.grading import load_impl
+from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.block_manager import BlockManager, OutOfBlocks
 from minillm.serve.sequence import Sequence
+from minillm.testing import varied_random_model
 
 impl = load_impl("ch12_paged_kv_cache")
 

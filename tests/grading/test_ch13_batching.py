@@ -12,10 +12,9 @@ import random
 import pytest
 import torch
 
-from conftest import varied_random_model
 from minillm.config import ModelConfig
-from minillm.generate import generate
 from minillm.grading import load_impl
+from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve import metrics as library_metrics
@@ -24,6 +23,7 @@ from minillm.serve.scheduler import Scheduler, plan_chunked_step
 from minillm.serve.sequence import Sequence
 from minillm.serve.simulator import CostModel, simulate
 from minillm.serve.workload import TraceRequest
+from minillm.testing import varied_random_model
 
 impl = load_impl("ch13_batching")
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY, varied_random_model
 from minillm.config import ModelConfig
 from minillm.grading import load_impl
 from minillm.model import MLP
@@ -25,6 +24,7 @@ from minillm.parallel import pipeline as library_pipeline
 from minillm.parallel.tensor import shard_weight as library_shard_weight
 from minillm.parallel.tensor import tensor_parallel
 from minillm.sampling import SamplingParams
+from minillm.testing import TINY, varied_random_model
 
 impl = load_impl("ch14_parallel")
 

@@ -1,0 +1,74 @@
+"""How a step is computed: the engine's executors, chosen per step by the runner.
+
+    scheduler (what runs) -> runner (how it is laid out) -> executor (how it is computed)
+
+* :class:`~.eager.EagerExecutor`: any step, through the model's own modules and attention
+  backend: the readable reference, and what prompt chunks run on (and speculative
+  verifications, without a native executor).
+* :class:`~.compiled.CompiledExecutor`: decode-only steps, padded to a batch bucket (1, 2,
+  4, 8, ...) and run through a ``torch.compile`` graph per bucket, compiled the first time
+  a bucket is needed; padding rows have slot -1 and write nowhere.
+* :class:`~.native.NativeExecutor`: decode steps and speculative verifications in one C++
+  call over the paged pool, for models whose every linear layer has a C++ product
+  (float32, W8A8, W4A8).
+
+``executor="auto"`` takes the fastest the model allows (native, else compiled for the
+weight-only formats, else eager), and eager alone when the model's attention backend is
+not the default: a learner's attention then runs in every step.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ...model import Transformer
+from ..paged_cache import AttentionMetadata, PagedKVCache
+from .batch import FlatBatch
+from .eager import EagerExecutor
+
+EXECUTORS = ("auto", "eager", "compiled", "native")
+
+
+class Executor(Protocol):
+    name: str
+
+    def supports(self, metadata: AttentionMetadata) -> bool: ...
+
+    def __call__(self, batch: FlatBatch) -> torch.Tensor: ...
+
+
+def make_executors(model: Transformer, cache: PagedKVCache, choice: str = "auto"
+                   ) -> list[Executor]:
+    """The executors a runner tries in order (the last, eager, supports every step)."""
+    if choice not in EXECUTORS:
+        raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {choice!r}")
+    from .compiled import CompiledExecutor, compile_problem
+    from .native import NativeExecutor, native_problem
+
+    if choice == "auto":
+        choice = auto_executor(model)
+    eager = EagerExecutor(model, cache)
+    if choice == "eager":
+        return [eager]
+    fast, problem = {"native": (NativeExecutor, native_problem),
+                     "compiled": (CompiledExecutor, compile_problem)}[choice]
+    if (reason := problem(model)) is not None:
+        raise ValueError(f"the {choice} executor cannot run this model: {reason}; use "
+                         "executor='auto' or 'eager'")
+    return [fast(model, cache), eager]
+
+
+def auto_executor(model: Transformer) -> str:
+    """The decode executor ``auto`` picks for ``model``: native when every linear layer has
+    a C++ product, else compiled when they all compile, else eager; and eager whenever
+    the model's attention backend is not the default (the learner's then runs)."""
+    from .compiled import compile_problem
+    from .native import native_problem
+
+    if model.attn_backend != "sdpa":
+        return "eager"
+    if native_problem(model) is None:
+        return "native"
+    return "compiled" if compile_problem(model) is None else "eager"

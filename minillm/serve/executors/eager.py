@@ -1,0 +1,26 @@
+"""The eager executor: the model's own forward over the flat batch (any step)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...model import Transformer
+from ..paged_cache import AttentionMetadata, PagedKVCache
+from .batch import FlatBatch
+
+
+class EagerExecutor:
+    """``model.forward_flat`` with the pool bound to the step's metadata: prefill chunks,
+    decodes and speculative verifications alike, through the model's attention backend."""
+
+    name = "eager"
+
+    def __init__(self, model: Transformer, cache: PagedKVCache):
+        self.model, self.cache = model, cache
+
+    def supports(self, metadata: AttentionMetadata) -> bool:
+        return True
+
+    def __call__(self, batch: FlatBatch) -> torch.Tensor:
+        return self.model.forward_flat(batch.token_ids, batch.positions,
+                                       self.cache.bind(batch.metadata), batch.logits_at)

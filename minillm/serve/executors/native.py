@@ -1,0 +1,139 @@
+"""The native executor: a decode step's every block in one C++ call over the paged pool.
+
+A decode step of a small model is short: SmolLM2's W8A8 products stream 135 MB in ~4 ms
+on the course's 2-core machines. Compiled by ``torch.compile``, the step is ~330 kernels
+and op calls whose launches take ~3 ms of it; llama.cpp avoids that by running the whole
+step in C++, and so does this executor (``csrc/decode_layers.cpp``): the embedding lookup
+in PyTorch, then one call that runs every block for all of the step's sequences (each
+weight read once for the whole batch; attention through each sequence's block table, and
+the new keys and values written at their slots) and, when the head has a C++ product
+too, the final norm and the logits.
+
+A speculative verification (the newest token and a few guesses per sequence) runs here
+too: each token becomes a row of its own, with its sequence's block table and a context
+that ends at it. Every row's keys and values are written before any row attends, so each
+guess sees the ones before it: the causal attention of a short chunk, as decodes.
+
+Products: float32 ``nn.Linear`` (``csrc/fp32_product.h``), per-channel int8 weights with
+int8 activations (W8A8) and grouped int4 weights with int8 activations (W4A8); a model may
+mix them. Under tensor parallelism each rank runs its shards, and the C++ step calls back
+into Python to all-reduce the partial attention and MLP outputs
+(:func:`minillm.parallel.tensor.all_reduce`, as the modules' hooks do eagerly); the
+vocabulary-parallel embedding and head stay in PyTorch.
+
+The numbers are float32 like the eager model's, summed in another order: logits agree to
+~1e-5 relative (``tests/test_executors.py``); with int8 activations, as far as rounding a
+vector to int8 can move them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...compile import MatVecLinear
+from ...model import Transformer
+from ...native import native_kernels
+from ...quant.int8_activations import Int8ActivationLinear
+from ...quant.w4a8 import W4A8Linear
+from ..paged_cache import AttentionMetadata, PagedKVCache
+from .batch import FlatBatch
+
+NATIVE_LAYERS = (nn.Linear, MatVecLinear, Int8ActivationLinear, W4A8Linear)
+# Steps whose sequences have at most this many new tokens: decodes and speculative
+# verifications (the newest token and its guesses). Longer prompt chunks stay eager, where
+# a matmul library's blocking beats these loops.
+MAX_TOKENS_PER_SEQUENCE = 9
+
+
+def native_problem(model: Transformer) -> str | None:
+    """Why ``model``'s decode steps cannot run natively, or None."""
+    if model.dtype != torch.float32:
+        return f"native steps run float32 activations, not {model.dtype}"
+    for index, block in enumerate(model.layers):
+        for layer in _linears(block):
+            if type(layer) not in NATIVE_LAYERS or layer.bias is not None:
+                return (f"block {index} has a {type(layer).__name__}"
+                        f"{' with a bias' if layer.bias is not None else ''}; native steps "
+                        "take float32 nn.Linear or int8-activation (W8A8/W4A8) layers "
+                        "without bias")
+    if native_kernels() is None:
+        return "minillm's C++ kernels are not built on this machine (see the warning)"
+    return None
+
+
+def _linears(block) -> list[nn.Module]:
+    attn, mlp = block.attn, block.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+            mlp.down_proj]
+
+
+def _product(layer: nn.Module) -> list[torch.Tensor] | None:
+    """The tensors of a layer's C++ product, or None if it has none."""
+    if type(layer) in (nn.Linear, MatVecLinear) and layer.bias is None and \
+            layer.weight.dtype == torch.float32:
+        return [layer.weight.detach().contiguous()]
+    if isinstance(layer, Int8ActivationLinear) and layer.bias is None:
+        return [layer.codes.contiguous(), layer.scales.contiguous(), layer.code_sums.contiguous()]
+    if isinstance(layer, W4A8Linear) and layer.bias is None:
+        return [layer.codes.contiguous(), layer.scales.contiguous(), layer.zeros.contiguous()]
+    return None
+
+
+def _block_parts(block) -> list[list[list[torch.Tensor]]]:
+    """The six parts ``DecodeLayers`` takes per block, in its order (q, k and v share an
+    input, and so do gate and up: each group is computed as one in C++)."""
+    attn, mlp = block.attn, block.mlp
+    return [[[block.attn_norm.weight.detach()]],
+            [_product(attn.q_proj), _product(attn.k_proj), _product(attn.v_proj)],
+            [_product(attn.o_proj)], [[block.mlp_norm.weight.detach()]],
+            [_product(mlp.gate_proj), _product(mlp.up_proj)], [_product(mlp.down_proj)]]
+
+
+def _all_reduce_of(module: nn.Module):
+    """The all-reduce a tensor-parallel rank applies to ``module``'s partial output (the
+    hook ``tensor_parallel`` gave it runs it eagerly), or None for a whole module."""
+    if hasattr(module, "output_all_reduce"):
+        from ...parallel.tensor import all_reduce
+
+        return all_reduce
+    return None
+
+
+class NativeExecutor:
+    """Decode-only steps of any batch size in one C++ call (see the module docstring).
+    The C++ side reads the model's own weights (no copy), so the model must not change
+    while the executor lives."""
+
+    name = "native"
+
+    def __init__(self, model: Transformer, cache: PagedKVCache):
+        if (problem := native_problem(model)) is not None:
+            raise ValueError(f"no native decode steps for this model: {problem}")
+        self.model, self.cache = model, cache
+        block = model.layers[0]
+        self.reduce = (_all_reduce_of(block.attn), _all_reduce_of(block.mlp))
+        head = _product(model.lm_head)  # None for a vocabulary-parallel head
+        self.head_in_cpp = head is not None
+        config = model.config
+        self.layers = native_kernels().DecodeLayers(
+            [_block_parts(block) for block in model.layers],
+            [[[model.norm.weight.detach()]], [head]] if head is not None else [],
+            config.rms_norm_eps, model.layers[0].attn.num_heads,
+            model.layers[0].attn.num_kv_heads, config.head_dim)
+
+    def supports(self, metadata: AttentionMetadata) -> bool:
+        return max(metadata.query_lens) <= MAX_TOKENS_PER_SEQUENCE
+
+    def __call__(self, batch: FlatBatch) -> torch.Tensor:
+        meta, model = batch.metadata, self.model
+        tables, lengths = meta.block_tables, meta.context_lens
+        if not meta.decode_only:  # one row per token, attending to its own prefix
+            tables = tables.repeat_interleave(torch.tensor(meta.query_lens), 0)
+            lengths = batch.positions + 1
+        x = model.embed_tokens(batch.token_ids).float().contiguous()  # [tokens, hidden]
+        out = self.layers.step(x, model.rope.cos[batch.positions], model.rope.sin[batch.positions],
+                               meta.slot_mapping, tables, lengths, self.cache.keys,
+                               self.cache.values, *self.reduce)
+        logits = out if self.head_in_cpp else model.head(out)
+        return logits[batch.logits_at]  # not a 1-token prefill chunk's row

@@ -1,0 +1,58 @@
+"""Tiny random models for tests, exercises' graders and experiments.
+
+A tiny Llama runs a forward pass in milliseconds, so every path of the library (the
+engine's policies, caches, executors, parallel ranks) can be compared token for token on
+it. Two kinds:
+
+* :func:`tiny_pair`: a minillm model and a Hugging Face ``LlamaForCausalLM`` with the same
+  random weights, the second saved and loaded back as a checkpoint (the parity oracle);
+* :func:`varied_random_model`: a minillm model whose weights are large enough that its
+  greedy tokens vary (a default initialisation predicts nearly the same token everywhere,
+  which would let a wrong cache or scheduler pass an equality test).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checkpoint import load_model
+from .config import ModelConfig
+from .model import Transformer
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
+            rope_theta=10000.0, tie_word_embeddings=False)
+
+
+def make_hf_llama(config: ModelConfig, seed: int = 0):
+    """A randomly initialised transformers LlamaForCausalLM in fp32 for this config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    hf_config = LlamaConfig(**config.to_hf())
+    model = LlamaForCausalLM(hf_config).float().eval()
+    with torch.no_grad():  # norms start at 1.0; perturb them so a wrong mapping would show
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+def tiny_pair(directory, seed: int = 0, **overrides) -> tuple[Transformer, torch.nn.Module]:
+    """(minillm model, HF model) with identical weights, going through a checkpoint saved in
+    ``directory``; ``overrides`` change fields of :data:`TINY`."""
+    config = ModelConfig(**{**TINY, **overrides})
+    hf = make_hf_llama(config, seed)
+    hf.save_pretrained(directory)
+    return load_model(directory), hf
+
+
+def varied_random_model(config: ModelConfig, seed: int = 0) -> Transformer:
+    """A tiny random model with weights large enough that its greedy tokens vary."""
+    torch.manual_seed(seed)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0, 0.5)
+    return model
