@@ -1,12 +1,15 @@
 # Generated from solutions/ch12_paged_kv_cache.py by `python -m minillm.grading.exercises`.
 # Fill in the parts that raise NotImplementedError; do not edit the rest.
 """Chapter 12: the paged KV cache — reference-counted blocks, copy-on-write, prefix caching by
-hash chain, and the slot mapping that tells attention where every key and value lives."""
+hash chain, the slot mapping that tells attention where every key and value lives, and attention
+that reads them through the block table."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import torch
 
 from minillm.serve.block_manager import OutOfBlocks, chain_hash
 
@@ -94,3 +97,17 @@ def slot_mapping(block_table: list[int], start: int, count: int, block_size: int
     pool: where the engine writes the token's key and value in every layer.
     """
     raise NotImplementedError("Exercise 12.4: The pool slots of tokens ``start .. start + count - 1`` of one sequence")
+
+
+def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor,
+                    block_table: list[int], length: int) -> torch.Tensor:
+    """Exercise 12.5: One decode query's attention, reading keys and values through the block table.
+
+    ``q`` [heads, head_dim] is the query of a sequence's newest token; the pools are one
+    layer's [num_blocks, block_size, kv_heads, head_dim]; the sequence's first ``length``
+    tokens (the newest included) live in the blocks ``block_table`` lists, in order, the
+    last one possibly part full. Return [heads, head_dim]: softmax(q·kᵀ / √head_dim)·v
+    over those ``length`` tokens (Vaswani et al. 2017, Eq. 1), query head ``h`` reading KV
+    head ``h // (heads // kv_heads)`` (grouped-query attention, chapter 4).
+    """
+    raise NotImplementedError("Exercise 12.5: One decode query's attention, reading keys and values through the block table")

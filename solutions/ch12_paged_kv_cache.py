@@ -1,10 +1,13 @@
 """Chapter 12: the paged KV cache — reference-counted blocks, copy-on-write, prefix caching by
-hash chain, and the slot mapping that tells attention where every key and value lives."""
+hash chain, the slot mapping that tells attention where every key and value lives, and attention
+that reads them through the block table."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import torch
 
 from minillm.serve.block_manager import OutOfBlocks, chain_hash
 
@@ -125,4 +128,27 @@ def slot_mapping(block_table: list[int], start: int, count: int, block_size: int
     ### BEGIN SOLUTION
     return [block_table[t // block_size] * block_size + t % block_size
             for t in range(start, start + count)]
+    ### END SOLUTION
+
+
+def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor,
+                    block_table: list[int], length: int) -> torch.Tensor:
+    """Exercise 12.5: One decode query's attention, reading keys and values through the block table.
+
+    ``q`` [heads, head_dim] is the query of a sequence's newest token; the pools are one
+    layer's [num_blocks, block_size, kv_heads, head_dim]; the sequence's first ``length``
+    tokens (the newest included) live in the blocks ``block_table`` lists, in order, the
+    last one possibly part full. Return [heads, head_dim]: softmax(q·kᵀ / √head_dim)·v
+    over those ``length`` tokens (Vaswani et al. 2017, Eq. 1), query head ``h`` reading KV
+    head ``h // (heads // kv_heads)`` (grouped-query attention, chapter 4).
+    """
+    ### BEGIN SOLUTION
+    block_size = key_pool.shape[1]
+    blocks = block_table[:-(-length // block_size)]  # the blocks that hold the tokens
+    keys = key_pool[blocks].flatten(0, 1)[:length]  # [length, kv_heads, head_dim]
+    values = value_pool[blocks].flatten(0, 1)[:length]
+    group = q.shape[0] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.einsum("hd,thd->ht", q, keys.to(q.dtype)) / q.shape[-1] ** 0.5
+    return torch.einsum("ht,thd->hd", scores.softmax(-1), values.to(q.dtype))
     ### END SOLUTION

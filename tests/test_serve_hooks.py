@@ -1,8 +1,9 @@
 """The engine's replaceable parts (the course's "your code in the engine"): a block manager
-instance, the slot-mapping function and the scheduler's budget plan. With the chapter 12
-and 13 solutions plugged in, the engine still gives every request what ``generate`` gives
-it alone; a broken part shows (different tokens, or a clear error). Also what chapters 12
-and 13 needed of the simulator: ``on_step``, and a cost-model fit that survives CPU steps."""
+instance, the slot-mapping function, the decode attention and the scheduler's budget plan.
+With the chapter 12 and 13 solutions plugged in, the engine still gives every request what
+``generate`` gives it alone; a broken part shows (different tokens, or a clear error).
+Also what chapters 12 and 13 needed of the simulator: ``on_step``, and a cost-model fit
+that survives CPU steps."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.block_manager import BlockManager
+from minillm.serve.reserving import ReservingBlockManager
 from minillm.serve.scheduler import plan_chunked_step
 from minillm.testing import tiny_pair
 
@@ -61,6 +63,53 @@ def test_a_wrong_slot_mapping_changes_the_tokens(tiny):
     llm = LLM(tiny, block_size=4, num_blocks=64, slot_mapping=contiguous,
               scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16))
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] != alone(tiny)
+
+
+def test_the_solution_paged_attention_computes_every_decode(tiny):
+    calls = []
+
+    def counted(q, key_pool, value_pool, block_table, length):
+        calls.append(length)
+        return ch12.paged_attention(q, key_pool, value_pool, block_table, length)
+
+    llm = LLM(tiny, block_size=4, num_blocks=64, decode_attention=counted,
+              scheduler=SchedulerConfig(max_batch=4))
+    assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
+    decodes = len(PROMPTS) * (PARAMS.max_tokens - 1)  # the first token comes from a prefill
+    assert len(calls) == decodes * tiny.config.num_layers
+    assert llm.runner.executor_names == ["eager"]
+
+
+def test_a_wrong_paged_attention_changes_the_tokens_and_fast_executors_are_refused(tiny):
+    def oldest_token_only(q, key_pool, value_pool, block_table, length):
+        return ch12.paged_attention(q, key_pool, value_pool, block_table, 1)
+
+    llm = LLM(tiny, block_size=4, num_blocks=64, decode_attention=oldest_token_only)
+    assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] != alone(tiny)
+    with pytest.raises(ValueError, match="decode_attention= runs in eager steps"):
+        LLM(tiny, decode_attention=ch12.paged_attention, executor="compiled")
+
+
+def test_reserving_for_max_tokens_runs_fewer_requests_at_once_than_paging(tiny):
+    """A pool of 40 blocks of 4. A 23-token prompt takes 6 blocks; reserving for
+    max_tokens=40 takes 16 from the start: paging starts all four requests at once (and
+    preempts as they grow), reserving two at a time. Both give plain decoding's tokens."""
+    prompts = [list(range(10 + i, 33 + i)) for i in range(4)]
+    params = SamplingParams(max_tokens=40)
+    most_at_once = {}
+    for name, manager in [("paged", BlockManager(40, 4, prefix_caching=False)),
+                          ("reserving", ReservingBlockManager(40, 4))]:
+        llm = LLM(tiny, block_manager=manager, scheduler=SchedulerConfig(max_batch=8))
+        requests = [llm.add_request(prompt, params) for prompt in prompts]
+        running = []
+        while llm.has_work:
+            llm.step()
+            running.append(len(llm.scheduler.running))
+        most_at_once[name] = max(running)
+        assert manager.num_free == 40  # every block given back
+        assert [r.output for r in requests] == [generate(tiny, p, 40, params)[0]
+                                                for p in prompts]
+    assert most_at_once == {"paged": 4, "reserving": 2}
 
 
 def test_the_solution_plan_runs_the_engine_and_is_the_one_used(tiny):

@@ -32,10 +32,11 @@ the engine with :class:`~.errors.EngineDeadError`.
 Its parts can be swapped for your own (the course's "your code in the engine"):
 ``block_manager=`` a :class:`~.block_manager.BlockManager` (or subclass) instance,
 ``slot_mapping=`` the function that places new keys and values in the pool
-(:class:`~.runner.ModelRunner`), and ``SchedulerConfig(plan=...)`` the function that splits
-a step's token budget (:func:`~.scheduler.plan_chunked_step`), and ``shard_weight=`` the
-function that cuts each weight for tensor parallelism
-(:func:`~minillm.parallel.tensor.shard_weight`).
+(:class:`~.runner.ModelRunner`), ``decode_attention=`` the function that reads a decode's
+keys and values through its block table (:class:`~.paged_cache.PagedKVCache`),
+``SchedulerConfig(plan=...)`` the function that splits a step's token budget
+(:func:`~.scheduler.plan_chunked_step`), and ``shard_weight=`` the function that cuts each
+weight for tensor parallelism (:func:`~minillm.parallel.tensor.shard_weight`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .errors import EngineDeadError
+from .paged_cache import DecodeAttention
 from .proposers import DraftModelProposer
 from .runner import ModelRunner, SlotMapping
 from .scheduler import Scheduler, SchedulerConfig
@@ -100,10 +102,13 @@ class LLM:
                  tensor_parallel_size: int = 1, shard_attention: bool = True,
                  shard_weight: ShardWeight | None = None, worker_timeout: float = 60.0,
                  executor: str = "auto", draft_model: str | Transformer | None = None,
-                 verifier=None):
+                 verifier=None, decode_attention: DecodeAttention | None = None):
         self.blocks = block_manager or BlockManager(num_blocks, block_size, prefix_caching)
         config = scheduler or SchedulerConfig()
         if tensor_parallel_size > 1:
+            if decode_attention is not None:
+                raise ValueError("decode_attention= runs in one process: leave "
+                                 "tensor_parallel_size at 1")
             self.runner = self._parallel_runner(model, tensor_parallel_size, slot_mapping,
                                                 shard_attention, shard_weight, worker_timeout,
                                                 executor)
@@ -111,7 +116,8 @@ class LLM:
         else:
             self.model = model if isinstance(model, Transformer) else load_model(model)
             self.runner = ModelRunner(self.model, self.blocks.num_blocks,
-                                      self.blocks.block_size, slot_mapping, executor, verifier)
+                                      self.blocks.block_size, slot_mapping, executor, verifier,
+                                      decode_attention)
         self.proposer = self._draft_proposer(draft_model, config, slot_mapping, executor)
         self.scheduler = Scheduler(config, self.blocks,
                                    self.proposer.guesses if self.proposer else None)

@@ -28,6 +28,7 @@ paged-decode kernel (``minillm.kernels``).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -35,6 +36,11 @@ import torch
 
 from ..attention.paged import gather_kv, write_kv
 from ..config import ModelConfig
+
+# (q [heads, head_dim], key_pool, value_pool, block_table, length) -> [heads, head_dim]:
+# one decode query's attention over its first ``length`` cached tokens (chapter 12).
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int], int],
+                           torch.Tensor]
 
 
 @dataclass
@@ -64,7 +70,12 @@ class AttentionMetadata:
 
 class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 decode_attention: DecodeAttention | None = None):
+        """``decode_attention``: a function that computes each decode's attention by
+        reading the pool through its block table (the learner's, chapter 12), instead of
+        gathering the blocks for the attention backend."""
+        self.decode_attention = decode_attention
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device)
                      for _ in range(config.num_layers)]
@@ -109,7 +120,12 @@ class PagedAttention:
         q = q[0].transpose(0, 1)  # [tokens, heads, head_dim]
         out = torch.empty_like(q)
         decodes = meta.num_decodes
-        if decodes:
+        if decodes and self.cache.decode_attention is not None:
+            tables, lengths = meta.block_tables.tolist(), meta.context_lens.tolist()
+            for s in range(decodes):
+                out[s] = self.cache.decode_attention(q[s], key_pool, value_pool, tables[s],
+                                                     lengths[s])
+        elif decodes:
             out[:decodes] = _attend_decodes(q[:decodes], key_pool, value_pool,
                                             meta.block_tables[:decodes],
                                             meta.context_lens[:decodes], backend)

@@ -30,7 +30,7 @@ from ..attention.paged import slot_mapping
 from ..model import Transformer
 from .executors import make_executors
 from .executors.batch import FlatBatch, SequenceWork, SlotMapping, flat_batch
-from .paged_cache import PagedKVCache
+from .paged_cache import DecodeAttention, PagedKVCache
 from .sampler import Sampler
 from .scheduler import Step
 from .sequence import Sequence
@@ -39,15 +39,22 @@ from .sequence import Sequence
 class ModelRunner:
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping = slot_mapping, executor: str = "auto",
-                 verifier=None):
+                 verifier=None, decode_attention: DecodeAttention | None = None):
         """``slot_mapping(block_table, start, count, block_size)``: the pool slots of a
         sequence's tokens ``start .. start + count - 1``. ``executor``: auto, eager,
         compiled or native (:mod:`.executors`). ``verifier``: speculation's rejection
-        rule (:class:`~.sampler.Sampler`)."""
+        rule (:class:`~.sampler.Sampler`). ``decode_attention``: each decode's attention
+        read through its block table (:class:`~.paged_cache.PagedKVCache`); it runs in
+        eager steps only, so every step is then eager."""
+        if decode_attention is not None:
+            if executor not in ("auto", "eager"):
+                raise ValueError(f"decode_attention= runs in eager steps, not the {executor} "
+                                 "executor's: leave executor='auto' (or 'eager')")
+            executor = "eager"
         self.model = model
         self.slot_mapping = slot_mapping
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype,
-                                  model.device)
+                                  model.device, decode_attention)
         self.executors = make_executors(model, self.cache, executor)
         self.sampler = Sampler(verifier)
         self.last_executor = ""  # which executor computed the last step ...

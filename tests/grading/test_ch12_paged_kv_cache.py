@@ -1,7 +1,8 @@
 """Graded tests for chapter 12 (the paged KV cache).
 
 Oracles: the library's BlockManager (its ref counts, free list, copy-on-write copies and
-prefix hashes), its slot mapping, and plain ``generate`` for the engine runs on a tiny
+prefix hashes), its slot mapping, its paged attention (gather the blocks, then PyTorch's
+scaled_dot_product_attention), and plain ``generate`` for the engine runs on a tiny
 random model.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
+from minillm.attention.paged import paged_attention as library_paged_attention
 from minillm.attention.paged import slot_mapping as library_slot_mapping
 from minillm.config import ModelConfig
 from minillm.grading import load_impl
@@ -210,6 +213,50 @@ def test_slot_mapping_matches_the_library():
             library_slot_mapping(table, start, count, block_size)
 
 
+# -- 12.5 paged attention --------------------------------------------------------------
+
+def random_pools(generator, num_blocks=12, block_size=4, kv_heads=2, head_dim=8):
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    return (torch.randn(shape, generator=generator, dtype=torch.float64),
+            torch.randn(shape, generator=generator, dtype=torch.float64))
+
+
+def library_answer(q, key_pool, value_pool, table, length):
+    """The library's paged attention for one query, in float64."""
+    out = library_paged_attention(q[None, :, None], key_pool, value_pool,
+                                  torch.tensor([table]), torch.tensor([length]))
+    return out[0, :, 0]
+
+
+@pytest.mark.exercise("12.5", points=2)
+def test_paged_attention_matches_the_library_on_scattered_blocks():
+    """Blocks out of order in the pool, a part-full last block, GQA (4 query heads, 2 KV)."""
+    generator = torch.Generator().manual_seed(0)
+    key_pool, value_pool = random_pools(generator)
+    for table, length in [([7, 2, 9], 9), ([3], 1), ([5, 0, 11, 4], 16), ([1, 8], 5)]:
+        q = torch.randn(4, 8, generator=generator, dtype=torch.float64)
+        expected = library_answer(q, key_pool, value_pool, table, length)
+        torch.testing.assert_close(impl.paged_attention(q, key_pool, value_pool, table, length),
+                                   expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.exercise("12.5", points=1)
+def test_paged_attention_reads_nothing_past_the_length():
+    """Slots past ``length`` and blocks past the last needed one hold garbage (NaN here):
+    the answer must not depend on them."""
+    generator = torch.Generator().manual_seed(1)
+    key_pool, value_pool = random_pools(generator)
+    table, length = [6, 10, 3], 6  # block 3 is not needed; block 10 holds 2 of 4 tokens
+    expected = library_answer(torch.ones(4, 8, dtype=torch.float64), key_pool, value_pool,
+                              table, length)
+    for pool in (key_pool, value_pool):
+        pool[10, 2:] = float("nan")
+        pool[3] = float("nan")
+    answer = impl.paged_attention(torch.ones(4, 8, dtype=torch.float64), key_pool, value_pool,
+                                  table, length)
+    torch.testing.assert_close(answer, expected, rtol=1e-9, atol=1e-9)
+
+
 # -- the engine with your parts ---------------------------------------------------------
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -245,5 +292,15 @@ def test_your_slot_mapping_runs_the_engine(model):
     """Four requests at once, prefill in chunks: block tables interleave in the pool."""
     llm = LLM(model, block_size=4, num_blocks=48, slot_mapping=impl.slot_mapping,
               scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=12))
+    outputs = llm.generate(PROMPTS, PARAMS, progress=False)
+    assert [o.tokens for o in outputs] == [generate(model, p, 8, PARAMS)[0] for p in PROMPTS]
+
+
+@pytest.mark.exercise("12.5", points=2)
+def test_your_paged_attention_runs_every_decode_in_the_engine(model):
+    """Four requests at once, forked samples sharing blocks: every decode step's attention
+    is yours, and the tokens equal plain decoding."""
+    llm = LLM(model, block_size=4, num_blocks=48, decode_attention=impl.paged_attention,
+              scheduler=SchedulerConfig(max_batch=4))
     outputs = llm.generate(PROMPTS, PARAMS, progress=False)
     assert [o.tokens for o in outputs] == [generate(model, p, 8, PARAMS)[0] for p in PROMPTS]

@@ -1,6 +1,8 @@
 """Plausible wrong answers to chapter 12 (the paged KV cache); the graded tests must catch
 each one. Each mutant replaces the solution function named before its ``__``."""
 
+import torch
+
 from minillm.serve.block_manager import OutOfBlocks, chain_hash
 
 
@@ -160,3 +162,48 @@ def slot_mapping__block_plus_offset(block_table, start, count, block_size):
 def slot_mapping__from_token_zero(block_table, start, count, block_size):
     """Counts from token 0 instead of ``start``: every step rewrites the first slots."""
     return [block_table[t // block_size] * block_size + t % block_size for t in range(count)]
+
+
+def _attention(q, keys, values):
+    """softmax(q·kᵀ/√d)·v over [length, kv_heads, head_dim] keys, KV heads shared in groups."""
+    group = q.shape[0] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.einsum("hd,thd->ht", q, keys) / q.shape[-1] ** 0.5
+    return torch.einsum("ht,thd->hd", scores.softmax(-1), values)
+
+
+def paged_attention__pool_in_block_id_order(q, key_pool, value_pool, block_table, length):
+    """Reads the pool's first blocks as if the sequence were stored contiguously from block 0."""
+    return _attention(q, key_pool.flatten(0, 1)[:length], value_pool.flatten(0, 1)[:length])
+
+
+def paged_attention__whole_last_block(q, key_pool, value_pool, block_table, length):
+    """Attends to every slot of the last block, empty slots past ``length`` included."""
+    block_size = key_pool.shape[1]
+    blocks = block_table[:-(-length // block_size)]
+    return _attention(q, key_pool[blocks].flatten(0, 1), value_pool[blocks].flatten(0, 1))
+
+
+def paged_attention__whole_table(q, key_pool, value_pool, block_table, length):
+    """Reads every block of the table and every slot in it, not just the first ``length``."""
+    return _attention(q, key_pool[block_table].flatten(0, 1),
+                      value_pool[block_table].flatten(0, 1))
+
+
+def paged_attention__heads_tiled(q, key_pool, value_pool, block_table, length):
+    """Pairs query head h with KV head h % kv_heads (tiled) instead of h // group."""
+    block_size = key_pool.shape[1]
+    blocks = block_table[:-(-length // block_size)]
+    keys = key_pool[blocks].flatten(0, 1)[:length]
+    values = value_pool[blocks].flatten(0, 1)[:length]
+    group = q.shape[0] // keys.shape[1]
+    keys, values = keys.repeat(1, group, 1), values.repeat(1, group, 1)
+    scores = torch.einsum("hd,thd->ht", q, keys) / q.shape[-1] ** 0.5
+    return torch.einsum("ht,thd->hd", scores.softmax(-1), values)
+
+
+def paged_attention__no_scale(q, key_pool, value_pool, block_table, length):
+    """Forgets the 1/√head_dim scale of the scores."""
+    return _attention(q * q.shape[-1] ** 0.5, *(
+        pool[block_table[:-(-length // key_pool.shape[1])]].flatten(0, 1)[:length]
+        for pool in (key_pool, value_pool)))
