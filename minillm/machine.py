@@ -1,0 +1,57 @@
+"""The machine a measurement ran on, and whether it was quiet enough to time anything.
+
+A timing means little without the machine's name, and nothing if another process shared
+the cores while it ran: :func:`describe` names the CPU and its cores for a notebook's last
+line or a benchmark's header, and :func:`quiet_problem` says why a run should not be
+recorded (other work is using the cores).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def describe() -> str:
+    """For example ``AMD EPYC 9B14, 2 cores``."""
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+
+
+def busy_cores(seconds: float = 2.0) -> float:
+    """How many cores' worth of work the whole machine did over the next ``seconds``
+    (Linux's /proc/stat; 0.0 means idle, 2.0 means two cores fully busy)."""
+    def ticks() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    busy_before, total_before = ticks()
+    time.sleep(seconds)
+    busy_after, total_after = ticks()
+    share = (busy_after - busy_before) / max(total_after - total_before, 1)
+    return share * (os.cpu_count() or 1)
+
+
+def quiet_problem(max_busy_cores: float = 0.2) -> str | None:
+    """Why timings taken now would not be honest, or None when the machine is quiet:
+    more than ``max_busy_cores`` of work going on while this process sleeps means
+    something else shares the cores."""
+    if not Path("/proc/stat").exists():
+        return None  # not Linux: nothing to read; the caller's run is not checked
+    busy = busy_cores()
+    if busy > max_busy_cores:
+        return (f"the machine is busy ({busy:.1f} of {os.cpu_count()} cores in use while "
+                "idle here): stop what else is running and run again")
+    return None
