@@ -27,6 +27,8 @@ from minillm.parallel.cost import (
     communication_table,
     compute_time,
     decode_time,
+    kv_bytes_per_token_per_gpu,
+    kv_tokens_per_gpu,
     layers_communication_time,
     min_world_to_fit,
     model_bytes,
@@ -233,3 +235,25 @@ def test_benchmark_prints_narrow_tables():
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 83
     assert "| Llama-2-7B | NVLink 4 | 2 | 2.0 | 0.13 | 1.97 | 2.10 | 1.87x |" in lines
+
+
+def test_the_kv_cache_per_gpu_is_the_full_cache_split_by_kv_heads():
+    """Against kv_cache_bytes (the chapter 03 formula) on the full config."""
+    from minillm.kv_cache import kv_cache_bytes
+
+    whole = kv_cache_bytes(LLAMA2_70B.config(), 1, bytes_per_value=2)
+    assert kv_bytes_per_token_per_gpu(LLAMA2_70B, 1) == whole == 327_680
+    assert kv_bytes_per_token_per_gpu(LLAMA2_70B, 8) == whole / 8
+    assert kv_bytes_per_token_per_gpu(SMOLLM2_135M, 3) == \
+        kv_cache_bytes(SMOLLM2_135M.config(), 1, bytes_per_value=4) / 3
+
+
+def test_tensor_parallelism_buys_kv_headroom_beyond_the_weights():
+    """Llama-2-70B in fp16 on 80 GB: two GPUs hold the weights with little room left;
+    each doubling of t halves the weights and the KV bytes per token on every GPU."""
+    tokens = {t: kv_tokens_per_gpu(LLAMA2_70B, t, H100.memory_bytes) for t in (1, 2, 4, 8)}
+    assert tokens[1] == 0  # 138 GB of weights do not fit in 72 GB
+    free = 0.9 * 80e9 - model_bytes(LLAMA2_70B) / 2
+    assert tokens[2] == int(free // (327_680 / 2))
+    assert tokens[2] < tokens[4] < tokens[8]
+    assert tokens[8] > 20 * tokens[2]

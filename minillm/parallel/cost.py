@@ -250,6 +250,26 @@ def weights_per_gpu(shape: ModelShape, world: int) -> float:
     return model_bytes(shape) / world
 
 
+def kv_bytes_per_token_per_gpu(shape: ModelShape, world: int) -> float:
+    """KV-cache bytes one token costs each of ``world`` GPUs: its keys and values in every
+    layer, for the KV heads this GPU holds (``1/t`` of them; a KV head is never split, so
+    ``t`` beyond the KV heads replicates them)."""
+    check_world(world)
+    heads = max(shape.num_kv_heads / world, 1)
+    head_dim = shape.hidden_size // shape.num_heads
+    return 2 * shape.num_layers * heads * head_dim * shape.bytes_per_value
+
+
+def kv_tokens_per_gpu(shape: ModelShape, world: int, memory_bytes: float,
+                      usable: float = 0.9) -> int:
+    """Tokens of KV cache each GPU can hold once its share of the weights is in: the
+    batch headroom tensor parallelism buys. ``usable``: the share of memory the server may
+    fill (vLLM's ``gpu_memory_utilization``, 0.9 by default); activations are ignored.
+    0 when the weights alone do not fit."""
+    free = usable * memory_bytes - weights_per_gpu(shape, world)
+    return max(0, int(free // kv_bytes_per_token_per_gpu(shape, world)))
+
+
 def min_world_to_fit(shape: ModelShape, memory_bytes: float) -> int:
     """The fewest GPUs of ``memory_bytes`` each whose memory holds the weights split ``t``
     ways: ``ceil(weights / memory)``. A lower bound: the KV cache and activations need
