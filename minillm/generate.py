@@ -52,11 +52,7 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
     native (:mod:`minillm.serve.executors`).
     """
     token_lists = as_token_lists(prompts)
-    check_request(model, token_lists, max_new_tokens, pad_id)
-    if sampling.n != 1:
-        raise ValueError(f"generate() gives one sample per prompt (got n={sampling.n}); repeat "
-                         "the prompt, or use the serving engine, minillm.serve.LLM, whose "
-                         "samples share the prompt's KV blocks.")
+    check_request(model, token_lists, max_new_tokens, pad_id, sampling.n)
     llm = _engine(model, token_lists, max_new_tokens, executor)
     params = replace(sampling, max_tokens=max_new_tokens, stop_token_ids=tuple(stop_tokens))
     seqs = [llm.add_request(prompt, params) for prompt in token_lists]

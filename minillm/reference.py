@@ -53,7 +53,13 @@ def as_token_lists(prompts: Prompts) -> list[list[int]]:
 
 
 def check_request(model: Transformer, prompts: list[list[int]], max_new_tokens: int,
-                   pad_id: int):
+                   pad_id: int, samples: int = 1):
+    """A clear error for a request ``generate`` cannot serve; ``samples``: the ``n`` asked
+    for (one per prompt here)."""
+    if samples != 1:
+        raise ValueError(f"generate() gives one sample per prompt (got n={samples}); repeat "
+                         "the prompt, or use the serving engine, minillm.serve.LLM, whose "
+                         "samples share the prompt's KV blocks.")
     if not 0 <= pad_id < model.config.vocab_size:
         raise ValueError(f"pad_id {pad_id} is not a token id of this model (vocab size "
                          f"{model.config.vocab_size}); use e.g. the tokenizer's pad_id.")
@@ -96,11 +102,7 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
     (seeded alike), so a batch gives every prompt the tokens it gets alone.
     """
     token_lists = as_token_lists(prompts)
-    check_request(model, token_lists, max_new_tokens, pad_id)
-    if sampling.n != 1:
-        raise ValueError(f"generate() gives one sample per prompt (got n={sampling.n}); repeat "
-                         "the prompt, or use the serving engine, minillm.serve.LLM, whose "
-                         "samples share the prompt's KV blocks.")
+    check_request(model, token_lists, max_new_tokens, pad_id, sampling.n)
     device = model.device
     ids, mask = (t.to(device) for t in pad_left(token_lists, pad_id))
     padded = bool((mask == 0).any())

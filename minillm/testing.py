@@ -56,3 +56,15 @@ def varied_random_model(config: ModelConfig, seed: int = 0) -> Transformer:
             if "norm" not in name:
                 param.normal_(0, 0.5)
     return model
+
+
+def saved_varied_model(directory) -> str:
+    """:func:`varied_random_model` of the :data:`TINY` shape saved in ``directory``, with
+    SmolLM2's tokenizer files beside it (the engine, the server and the tensor-parallel
+    workers load a checkpoint by path, tokenizer included); returns the path."""
+    from .checkpoint import resolve_checkpoint, save_model
+    from .quant.checkpoint import copy_tokenizer_files
+
+    save_model(varied_random_model(ModelConfig(**TINY)), directory)
+    copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)
+    return str(directory)

@@ -10,17 +10,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minillm.checkpoint import load_model, resolve_checkpoint, save_model
-from minillm.config import ModelConfig
+from minillm.checkpoint import load_model
 from minillm.parallel import tensor_parallel
 from minillm.parallel.launch import run_ranks
 from minillm.parallel.loading import load_shard
 from minillm.quant.basic import QuantScheme
-from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.quant.qlinear import quantize_model_rtn
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.testing import TINY, varied_random_model
+from minillm.testing import saved_varied_model
 
 PROMPTS = [[5, 17, 99, 3, 42], [1, 2, 3], [200, 100, 50, 25, 12, 6]]
 
@@ -28,10 +26,7 @@ PROMPTS = [[5, 17, 99, 3, 42], [1, 2, 3], [200, 100, 50, 25, 12, 6]]
 @pytest.fixture(scope="module")
 def varied_checkpoint(tmp_path_factory):
     """A tiny model (4 query heads, 2 KV heads) whose greedy tokens vary, saved to disk."""
-    directory = tmp_path_factory.mktemp("varied")
-    save_model(varied_random_model(ModelConfig(**TINY)), directory)
-    copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)  # the engine wants one
-    return str(directory)
+    return saved_varied_model(tmp_path_factory.mktemp("varied"))
 
 
 def engine_tokens(checkpoint, params, **engine_options) -> list[list[int]]:

@@ -17,13 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from minillm.checkpoint import resolve_checkpoint, save_model
-from minillm.config import ModelConfig
 from minillm.parallel.launch import free_port
-from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM
-from minillm.testing import TINY, varied_random_model
+from minillm.testing import saved_varied_model
 
 PROMPTS = [[5, 17, 99, 3, 42], [1, 2, 3], [200, 100, 50, 25, 12, 6]]
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -41,10 +38,7 @@ with LLM(sys.argv[1], num_blocks=64, block_size=4, tensor_parallel_size=2) as ll
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("varied")
-    save_model(varied_random_model(ModelConfig(**TINY)), directory)
-    copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)
-    return str(directory)
+    return saved_varied_model(tmp_path_factory.mktemp("varied"))
 
 
 @pytest.fixture(scope="module")

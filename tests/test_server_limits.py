@@ -10,23 +10,17 @@ import httpx
 import openai
 import pytest
 
-from minillm.checkpoint import resolve_checkpoint, save_model
 from minillm.cli import build_parser
-from minillm.config import ModelConfig
-from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.serve import LLM
 from minillm.serve.server import MAX_BODY_BYTES, serve_in_background
-from minillm.testing import TINY, varied_random_model
+from minillm.testing import saved_varied_model
 
 KEY = "sk-test-0123"
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny")
-    save_model(varied_random_model(ModelConfig(**TINY)), directory)
-    copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)
-    return str(directory)
+    return saved_varied_model(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
