@@ -1,5 +1,6 @@
 """Chapter 14: parallelism — cutting weights into tensor-parallel shards, where the MLP's
-all-reduce goes, the GPipe bubble, and the bytes a tensor-parallel rank sends per token."""
+all-reduce goes, the GPipe bubble, the bytes a tensor-parallel rank sends per token, and the ring
+all-reduce that sends them."""
 
 from __future__ import annotations
 
@@ -148,4 +149,43 @@ def tp_bytes_per_token(hidden: int, layers: int, world: int, bytes_per_value: in
     """
     ### BEGIN SOLUTION
     return layers * 2 * all_reduce_bytes(hidden * bytes_per_value, world)
+    ### END SOLUTION
+
+
+def ring_all_reduce(tensors: Sequence[torch.Tensor]
+                    ) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
+    """Exercise 14.5: A ring all-reduce simulated chunk by chunk: reduce-scatter, all-gather.
+
+    ``tensors[r]`` is rank r's tensor (all the same shape). Flatten each and cut it into
+    ``t = len(tensors)`` chunks with ``tensor_split`` (chunk c of every rank covers the same
+    elements). Rank r sends only to rank (r + 1) % t, one chunk per step, all ranks at once:
+
+    * reduce-scatter, steps s = 0 .. t − 2: rank r sends its chunk (r − s) % t, and the
+      receiver **adds** it to its own chunk of that index. Afterwards rank r holds the full
+      sum of chunk (r + 1) % t;
+    * all-gather, steps s = 0 .. t − 2: rank r sends its chunk (r + 1 − s) % t, and the
+      receiver **replaces** its chunk of that index with it.
+
+    Return every rank's result, reshaped like its input (the inputs are left unchanged),
+    and the messages in the order sent, as (sender, receiver, chunk): 2(t − 1) steps of t
+    messages, so each rank sends 2(t − 1) chunks of about n/t values (exercise 14.4).
+    Within a step, every rank sends what it held before the step.
+    """
+    ### BEGIN SOLUTION
+    world = len(tensors)
+    chunks = [list(t.flatten().clone().tensor_split(world)) for t in tensors]
+    messages = []
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(world - 1):
+            shift = -step if phase == "reduce-scatter" else 1 - step
+            sent = [(r, (r + shift) % world) for r in range(world)]
+            data = [chunks[r][c].clone() for r, c in sent]
+            for (r, c), values in zip(sent, data, strict=True):
+                receiver = (r + 1) % world
+                if phase == "reduce-scatter":
+                    chunks[receiver][c] += values
+                else:
+                    chunks[receiver][c] = values
+                messages.append((r, receiver, c))
+    return [torch.cat(c).view_as(t) for c, t in zip(chunks, tensors, strict=True)], messages
     ### END SOLUTION

@@ -329,3 +329,71 @@ def test_a_world_without_ranks_is_refused(world):
         impl.all_reduce_bytes(1000, world)
     with pytest.raises(ValueError):
         impl.tp_bytes_per_token(4096, 32, world)
+
+
+# -- 14.5 the ring all-reduce ---------------------------------------------------------------
+
+def ring_inputs(world, shape=(4, 6), dtype=torch.float64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    if dtype == torch.int64:
+        return [torch.randint(-50, 50, shape, generator=generator) for _ in range(world)]
+    return [torch.randn(shape, generator=generator, dtype=dtype) for _ in range(world)]
+
+
+@pytest.mark.exercise("14.5", points=2)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_every_rank_ends_with_the_sum(world):
+    tensors = ring_inputs(world, dtype=torch.int64)  # integers: the sum is exact in any order
+    results, _ = impl.ring_all_reduce(tensors)
+    assert len(results) == world
+    for result in results:
+        assert result.shape == tensors[0].shape and result.dtype == torch.int64
+        assert torch.equal(result, torch.stack(tensors).sum(0))
+
+
+@pytest.mark.exercise("14.5", points=1)
+def test_uneven_chunks_and_floats():
+    """10 values over 4 ranks: chunks of 3, 3, 2, 2."""
+    tensors = ring_inputs(4, shape=(10,))
+    results, _ = impl.ring_all_reduce(tensors)
+    for result in results:
+        torch.testing.assert_close(result, torch.stack(tensors).sum(0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.exercise("14.5", points=1)
+def test_the_inputs_are_left_as_they_are():
+    tensors = ring_inputs(3)
+    before = [t.clone() for t in tensors]
+    impl.ring_all_reduce(tensors)
+    assert all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True))
+
+
+@pytest.mark.exercise("14.5", points=2)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_messages_go_round_the_ring_one_chunk_per_rank_per_step(world):
+    _, messages = impl.ring_all_reduce(ring_inputs(world))
+    assert len(messages) == 2 * (world - 1) * world
+    for step in range(2 * (world - 1)):
+        round_ = messages[step * world:(step + 1) * world]
+        assert sorted(sender for sender, _, _ in round_) == list(range(world)), round_
+        assert all(receiver == (sender + 1) % world for sender, receiver, _ in round_)
+        assert all(0 <= chunk < world for _, _, chunk in round_)
+
+
+@pytest.mark.exercise("14.5", points=2)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_chunks_follow_reduce_scatter_then_all_gather(world):
+    _, messages = impl.ring_all_reduce(ring_inputs(world))
+    for step in range(2 * (world - 1)):
+        shift = -step if step < world - 1 else 1 - (step - (world - 1))
+        for sender, _, chunk in messages[step * world:(step + 1) * world]:
+            assert chunk == (sender + shift) % world, (step, sender, chunk)
+
+
+@pytest.mark.exercise("14.5", points=1)
+def test_the_values_sent_are_the_library_s_ring_bytes():
+    world, tensors = 4, ring_inputs(4, shape=(8, 6))
+    _, messages = impl.ring_all_reduce(tensors)
+    chunk_values = tensors[0].numel() // world
+    sent_by_rank0 = sum(chunk_values for sender, _, _ in messages if sender == 0)
+    assert sent_by_rank0 * 8 == cost.ring_all_reduce_bytes(tensors[0].numel() * 8, world)
