@@ -36,7 +36,7 @@ QUOTED = re.compile(rf"(?<![\w.\-/])(?P<number>{NUMBER})(?:\s*[–-]\s*(?P<upper
 NOT_PROSE = re.compile(r"<!--.*?-->|```.*?```|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$"
                        r"|\{glue[^}]*\}`[^`]*`|\]\([^)]*\)|https?://\S+", re.S)
 LABELS = re.compile(r"(?:exercises?|§|sec\.|section|chapter|figure|fig\.|table|eq\.|"
-                    r"equation|theorem|algorithm|step|version|v|python|torch|release)\s*$",
+                    r"equation|theorem|algorithm|version|v|python|torch|release)\s*$",
                     re.I)
 CONSTANTS = re.compile(r"<!--\s*constants:(.*?)-->", re.S)
 ANY_NUMBER = re.compile(NUMBER)

@@ -204,6 +204,10 @@ def paged_attention__heads_tiled(q, key_pool, value_pool, block_table, length):
 
 def paged_attention__no_scale(q, key_pool, value_pool, block_table, length):
     """Forgets the 1/√head_dim scale of the scores."""
-    return _attention(q * q.shape[-1] ** 0.5, *(
-        pool[block_table[:-(-length // key_pool.shape[1])]].flatten(0, 1)[:length]
-        for pool in (key_pool, value_pool)))
+    blocks = block_table[:-(-length // key_pool.shape[1])]
+    keys = key_pool[blocks].flatten(0, 1)[:length]
+    values = value_pool[blocks].flatten(0, 1)[:length]
+    group = q.shape[0] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.einsum("hd,thd->ht", q, keys)
+    return torch.einsum("ht,thd->hd", scores.softmax(-1), values)
