@@ -249,6 +249,7 @@ def test_the_chat_page_streams_a_reply_in_chromium(server):
         browser.open(server.url + "/")
         browser.wait_for("document.getElementById('model').textContent === 'smollm2'", 30)
         browser.evaluate("document.getElementById('max-tokens').value = 24")
+        browser.evaluate("document.getElementById('temperature').value = 0")  # greedy
         browser.evaluate("document.getElementById('message').focus()")
         browser.type("What is the capital of France?")
         browser.evaluate("document.getElementById('send').click()")
@@ -259,4 +260,7 @@ def test_the_chat_page_streams_a_reply_in_chromium(server):
         (ARTIFACTS / "chat.png").write_bytes(browser.screenshot())
     finally:
         browser.close()
-    assert reply.strip() and "TTFT" in stats and "tokens/s" in stats
+    greedy = server.client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0, max_tokens=24).choices[0].message.content
+    assert reply.strip() == greedy.strip() and "TTFT" in stats and "tokens/s" in stats
