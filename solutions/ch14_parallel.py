@@ -1,13 +1,16 @@
 """Chapter 14: parallelism — cutting weights into tensor-parallel shards, where the MLP's
-all-reduce goes, the GPipe bubble, the bytes a tensor-parallel rank sends per token, and the ring
-all-reduce that sends them."""
+all-reduce goes, the GPipe bubble, the bytes a tensor-parallel rank sends per token, the ring
+all-reduce that sends them, and a pipeline schedule builder (GPipe and 1F1B)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from minillm.parallel.pipeline import Event
 
 
 def shard_weight(weight: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
@@ -188,4 +191,98 @@ def ring_all_reduce(tensors: Sequence[torch.Tensor]
                     chunks[receiver][c] = values
                 messages.append((r, receiver, c))
     return [torch.cat(c).view_as(t) for c, t in zip(chunks, tensors, strict=True)], messages
+    ### END SOLUTION
+
+
+def stage_order(kind: str, stage: int, stages: int, microbatches: int,
+                backward: bool = True) -> list[tuple[str, int]]:
+    """Exercise 14.6: The order in which one pipeline stage runs its work, GPipe or 1F1B.
+
+    Returns (phase, micro-batch) pairs, phase ``"F"`` (forward) or ``"B"`` (backward), for
+    stage ``stage`` of p = ``stages``, with m = ``microbatches``:
+
+    * ``"gpipe"``: every forward, then every backward: F0 F1 .. F(m-1) B0 B1 .. B(m-1);
+    * ``"1f1b"`` (PipeDream-Flush): p − stage − 1 warm-up forwards (m if that is fewer),
+      then one forward and one backward in turn until the forwards run out, then the
+      remaining backwards. Stage 0 of 4 with m = 6: F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5;
+      the last stage alternates from the start: F0 B0 F1 B1 ...
+
+    Backward passes belong to training. 1F1B exists for training memory: a micro-batch's
+    backward comes soon after its forward, so a stage holds at most p micro-batches'
+    activations instead of m. Inference (``backward=False``) runs forwards only, and both
+    schedules are then F0 .. F(m-1). Any other ``kind`` raises ValueError.
+    Hint: build the list of forwards and the list of backwards, then take from them.
+    """
+    ### BEGIN SOLUTION
+    if kind not in ("gpipe", "1f1b"):
+        raise ValueError(f"unknown pipeline schedule {kind!r}; choose 'gpipe' or '1f1b'")
+    forwards = [("F", i) for i in range(microbatches)]
+    backwards = [("B", i) for i in range(microbatches)]
+    if not backward:
+        return forwards
+    if kind == "gpipe":
+        return forwards + backwards
+    warmup = min(stages - stage - 1, microbatches)
+    order = forwards[:warmup]
+    for i in range(microbatches - warmup):
+        order += [forwards[warmup + i], backwards[i]]
+    return order + backwards[microbatches - warmup:]
+    ### END SOLUTION
+
+
+def simulate_pipeline(orders: Sequence[Sequence[tuple[str, int]]],
+                      forward_times: Sequence[float],
+                      backward_times: Sequence[float]) -> list[Event]:
+    """Exercise 14.6: Time every operation of a pipeline, given each stage's order.
+
+    ``orders[s]`` is stage s's work as (phase, micro-batch) pairs (:func:`stage_order`);
+    on stage s a forward takes ``forward_times[s]`` and a backward ``backward_times[s]``,
+    so a slow stage can be modelled. Each stage runs its operations one at a time, in its
+    order, and an operation starts as soon as
+
+    * its stage has finished its previous operation, and
+    * its input has been computed (sends take no time): a forward needs the previous
+      stage's forward of the same micro-batch (stage 0 has its input at time 0); a
+      backward needs the next stage's backward of the same micro-batch, and the last
+      stage's backward needs its own forward (which computed the loss).
+
+    So start = max(when the stage is free, when the input ended), end = start + duration.
+    Returns one :class:`~minillm.parallel.pipeline.Event` ``(stage, microbatch, phase,
+    start, end)`` per operation, sorted by start time, then stage. Orders that can never
+    all run (an operation waiting for one that waits for it, like the last stage's B0
+    before its F0) raise ValueError.
+    Hint: keep each stage's operations still to run and a dict of end times by (stage,
+    phase, micro-batch). Sweep over the stages again and again, each running its next
+    operations while their inputs have ended; a sweep that runs nothing is stuck.
+    """
+    ### BEGIN SOLUTION
+    last = len(orders) - 1
+    duration = {"F": forward_times, "B": backward_times}
+    waiting = [deque(order) for order in orders]
+    ended: dict[tuple[int, str, int], float] = {}  # (stage, phase, micro-batch) -> end
+    stage_free = [0.0] * len(orders)
+    events = []
+    while any(waiting):
+        ran = len(events)
+        for stage, queue in enumerate(waiting):
+            while queue:
+                phase, microbatch = queue[0]
+                if phase == "F":
+                    needed = (stage - 1, "F", microbatch) if stage > 0 else None
+                elif stage < last:
+                    needed = (stage + 1, "B", microbatch)
+                else:
+                    needed = (stage, "F", microbatch)  # the loss, from its own forward
+                if needed is not None and needed not in ended:
+                    break  # its input is not computed yet: let the other stages run
+                queue.popleft()
+                start = max(stage_free[stage], ended.get(needed, 0.0))
+                end = start + duration[phase][stage]
+                ended[stage, phase, microbatch] = stage_free[stage] = end
+                events.append(Event(stage, microbatch, phase, start, end))
+        if len(events) == ran:
+            stuck = {stage: queue[0] for stage, queue in enumerate(waiting) if queue}
+            raise ValueError(f"the pipeline is stuck: each stage's next operation {stuck} "
+                             "waits for an input that never comes; check the orders")
+    return sorted(events, key=lambda e: (e.start, e.stage))
     ### END SOLUTION
