@@ -1,13 +1,14 @@
 # Generated from solutions/ch15_server.py by `python -m minillm.grading.exercises`.
 # Fill in the parts that raise NotImplementedError; do not edit the rest.
 """Chapter 15: serving over HTTP — server-sent events out and back in, the rule that keeps a
-stop string from leaking into a stream, and OpenAI's usage block."""
+stop string from leaking into a stream, the streaming detokenizer's step that applies it,
+and OpenAI's usage block."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 LINE_END = re.compile(r"\r\n|\r|\n")  # the only line endings of an event stream
 
@@ -83,3 +84,37 @@ def usage(prompt_tokens: int, completions: Sequence[Sequence[int]]) -> dict:
     what the engine spends.
     """
     raise NotImplementedError("Exercise 15.3: OpenAI's usage block of a request: prompt, completion and total tokens")
+
+
+def next_delta(text: str, sent: int, stops: Sequence[str],
+               hold_back: Callable[[str, Sequence[str]], int] = held_back
+               ) -> tuple[str, int, bool]:
+    """Exercise 15.4: The streaming step: the new text safe to send, the count sent, stopped?
+
+    The server's detokenizer calls this after each engine step with ``text``, the sample's
+    whole output decoded so far, and ``sent``, how many of its characters already went to
+    the client. It returns ``(delta, sent, stopped)``: the text to send now, the count of
+    characters sent once it is (``sent + len(delta)``), and whether a stop string ended the
+    reply (the server then cancels the request and sends nothing more). In order:
+
+    1. **A stop string ends the reply before it.** Look for each of the ``stops`` (non-empty
+       strings) where it could newly appear: an occurrence that ends after the ``sent``
+       characters, so it starts at ``sent - len(stop) + 1`` or later (never before 0;
+       ``str.find`` takes a start): searching only the unsent text would miss one whose
+       first characters went out already (a hold-back rule let them go), and the reply
+       must stop all the same. With several, the one that starts earliest in the text
+       wins, whatever its place in the list. The delta is the text from ``sent`` up to
+       that start, and ``stopped`` is True.
+    2. **An incomplete character waits.** A token can end in the middle of a UTF-8
+       character (an emoji is often two or three tokens), and the decoded text then ends
+       in the replacement character "\\ufffd": send nothing yet.
+    3. **Otherwise send all but what may start a stop string:** everything from ``sent``
+       except the last ``hold_back(text, stops)`` characters (exercise 15.2's rule; the
+       server passes the rule it runs with).
+
+    Text already sent cannot be taken back: the returned count never goes below ``sent``
+    (an end that falls before it sends ""). Example, ``stops=["\\n\\n"]``: ``"Hi.\\n"``
+    from 0 gives ``("Hi.", 3, False)``; then ``"Hi.\\n\\nBye"`` from 3 gives ``("", 3,
+    True)``.
+    """
+    raise NotImplementedError("Exercise 15.4: The streaming step: the new text safe to send, the count sent, stopped?")

@@ -13,7 +13,8 @@ each new token and send it" wrong:
   piece and the request ends.
 
 :class:`IncrementalDetokenizer` decodes the whole output each time (simple and exact: a
-token's text can depend on its neighbours) and hands out only the new, safe part.
+token's text can depend on its neighbours) and hands out only the new, safe part, which
+:func:`next_delta` works out from that text and how much of it was already sent.
 """
 
 from __future__ import annotations
@@ -36,14 +37,44 @@ def held_back(text: str, stops: Sequence[str]) -> int:
 HoldBack = Callable[[str, Sequence[str]], int]
 
 
+def next_delta(text: str, sent: int, stops: Sequence[str], hold_back: HoldBack = held_back
+               ) -> tuple[str, int, bool]:
+    """One step of the stream: the new text that is safe to send, the count of characters
+    sent after it, and whether a stop string ended the reply. ``text`` is the whole output
+    decoded so far, of which ``sent`` characters already went out; ``stops`` are
+    non-empty.
+
+    A stop string that ends after the sent characters ends the reply (it may start up to
+    ``len(stop) - 1`` characters before them, if ``hold_back`` let some go): the text
+    before the earliest one is the last piece. Otherwise text ending in "\ufffd" (an
+    incomplete UTF-8 character) waits, and the rest goes out but for the ``hold_back``
+    characters that may start a stop string. The count never goes back: text already
+    sent is never sent again."""
+    found = [i for i in (text.find(stop, max(0, sent - len(stop) + 1)) for stop in stops)
+             if i >= 0]
+    if found:
+        end = min(found)
+    elif text.endswith("\ufffd"):
+        return "", sent, False
+    else:
+        end = len(text) - hold_back(text, stops)
+    return text[sent:end], max(sent, end), bool(found)
+
+
+NextDelta = Callable[[str, int, Sequence[str], HoldBack], tuple[str, int, bool]]
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of output token ids into text deltas, honouring ``stops``.
-    ``hold_back(text, stops)`` says how much of the text's end to keep back (chapter 15
-    passes the learner's :func:`held_back`)."""
+    ``hold_back(text, stops)`` says how much of the text's end to keep back and
+    ``next_delta(text, sent, stops, hold_back)`` what to send (chapter 15 passes the
+    learner's :func:`held_back` and :func:`next_delta`)."""
 
-    def __init__(self, tokenizer, stops: Sequence[str] = (), hold_back: HoldBack = held_back):
+    def __init__(self, tokenizer, stops: Sequence[str] = (), hold_back: HoldBack = held_back,
+                 next_delta: NextDelta = next_delta):
         self.tokenizer = tokenizer
         self.hold_back = hold_back
+        self.next_delta = next_delta
         self.stops = [stop for stop in stops if stop]
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already handed out
@@ -57,21 +88,14 @@ class IncrementalDetokenizer:
         if self.stopped:
             return ""
         self.tokens.extend(tokens)
-        text = self.text()
-        found = [i for i in (text.find(stop, max(0, self.sent - len(stop) + 1))
-                             for stop in self.stops) if i >= 0]
-        if found:
-            self.stopped = True
-            return self._send(text[:min(found)])
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its rest
-            return ""
-        return self._send(text[:len(text) - self.hold_back(text, self.stops)])
+        delta, self.sent, self.stopped = self.next_delta(self.text(), self.sent, self.stops,
+                                                         self.hold_back)
+        return delta
 
     def finish(self) -> str:
         """The output ended (stop token or length): whatever was held back, now safe."""
-        return "" if self.stopped else self._send(self.text())
-
-    def _send(self, text: str) -> str:
-        delta = text[self.sent:]
-        self.sent = max(self.sent, len(text))
+        if self.stopped:
+            return ""
+        delta = self.text()[self.sent:]
+        self.sent += len(delta)
         return delta

@@ -53,7 +53,7 @@ from ..sampling import MAX_LOGPROBS, SEED_RANGE, SamplingParams, TokenLogprob
 from . import metrics
 from .async_engine import AsyncEngine
 from .async_engine import Request as EngineRequest
-from .detokenizer import HoldBack, IncrementalDetokenizer, held_back
+from .detokenizer import HoldBack, IncrementalDetokenizer, NextDelta, held_back, next_delta
 from .errors import EngineDeadError
 from .llm import LLM
 from .sequence import FinishReason
@@ -226,10 +226,12 @@ class ServerMetrics:
 
 def create_app(llm: LLM, model_name: str = "smollm2", *,
                hold_back: HoldBack = held_back,
+               next_delta: NextDelta = next_delta,
                on_engine_stop: Callable[[str], None] | None = None,
                api_key: str | None = None) -> FastAPI:
     """The server's ASGI app around ``llm`` (which needs a tokenizer). ``hold_back`` is the
-    detokenizer's rule for text that may start a stop string (chapter 15: yours).
+    detokenizer's rule for text that may start a stop string and ``next_delta`` its step
+    that decides what to send (chapter 15: yours, exercises 15.2 and 15.4).
     ``on_engine_stop(reason)`` is called once if the engine stops for good. With an
     ``api_key``, every ``/v1`` endpoint wants ``Authorization: Bearer <api_key>`` (as
     vLLM's ``--api-key``); the chat page, ``/health`` and ``/metrics`` stay open."""
@@ -394,7 +396,7 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
     async def follow(request: EngineRequest, stops: list[str]) -> AsyncIterator[Piece]:
         """Each sample's new text as the engine produces it (with the log-probabilities of
         the tokens consumed since the last piece, when recorded)."""
-        detokenizers = [IncrementalDetokenizer(llm.tokenizer, stops, hold_back)
+        detokenizers = [IncrementalDetokenizer(llm.tokenizer, stops, hold_back, next_delta)
                         for _ in request.samples]
         sent = [0] * len(request.samples)
         reported = [0] * len(request.samples)  # log-probabilities handed out
@@ -486,7 +488,8 @@ def serve_in_background(llm: LLM, model_name: str = "smollm2", **app_options
                         ) -> Iterator[str]:
     """Serve ``llm`` on a free port of 127.0.0.1 from a thread of this process (uvicorn),
     for a notebook or a test; yields the server's URL and stops it on exit.
-    ``app_options`` go to :func:`create_app` (``hold_back``, ``on_engine_stop``)."""
+    ``app_options`` go to :func:`create_app` (``hold_back``, ``next_delta``,
+    ``on_engine_stop``, ``api_key``)."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, **app_options),
