@@ -27,6 +27,7 @@ for backward all at once, would not fit in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,10 +167,12 @@ def top1_agreement(student, teacher_indices: torch.Tensor, tokens: torch.Tensor,
 
 def distill(student, data: TeacherTargets, config: DistillConfig,
             resume_file: str | Path | None = None, progress: bool = True,
-            loss=sparse_kd_loss) -> list[float]:
+            loss=sparse_kd_loss, after_step: Callable[[], None] | None = None) -> list[float]:
     """Train ``student`` on ``data`` with AdamW; returns the loss of every step.
 
     ``loss`` has :func:`sparse_kd_loss`'s signature (chapter 10 passes the learner's own).
+    ``after_step()`` runs after every optimizer step: a pruned student puts its zeros back
+    there (:func:`minillm.quant.sparsity.zeros_keeper`), so it stays pruned while it learns.
     Batches are drawn with a generator seeded by ``config.seed``. With ``resume_file`` the
     student, the optimizer and the step are saved there every ``checkpoint_every`` steps,
     and a run that finds the file resumes where it stopped (the same batches follow).
@@ -197,6 +200,8 @@ def distill(student, data: TeacherTargets, config: DistillConfig,
         optimizer.zero_grad()
         step_loss.backward()
         optimizer.step()
+        if after_step is not None:
+            after_step()
         losses.append(step_loss.item())
         if resume_file is not None and (step + 1) % config.checkpoint_every == 0:
             torch.save({"student": student.state_dict(), "optimizer": optimizer.state_dict(),

@@ -160,3 +160,26 @@ def test_a_reduced_head_draft_keeps_speculative_decoding_exact(teacher):
     prompt = tokens[0, :6].tolist()
     out, _ = speculative_generate(teacher, DraftModel(draft), prompt, 20)
     assert out == generate(teacher, prompt, 20)[0]
+
+
+def test_a_pruned_student_learns_and_stays_pruned(teacher):
+    """Distilling a 2:4-pruned copy with ``zeros_keeper`` after every step: the pattern
+    holds exactly, the kept weights move, and the student gets closer to the teacher."""
+    import copy
+
+    from minillm.quant.sparsity import sparsify_model, weight_sparsity, zeros_keeper
+
+    train, held_out = random_windows(256, seed=3), random_windows(16, seed=4)
+    data = teacher_targets(teacher, train, k=32, batch_size=64, progress=False)
+    held = teacher_targets(teacher, held_out, k=1, progress=False)
+    student = sparsify_model(copy.deepcopy(teacher), pattern="2:4", progress=False)
+    zeros = {name: p == 0 for name, p in student.named_parameters() if p.dim() == 2}
+    before = top1_agreement(student, held.indices, held_out)
+    distill(student, data, DistillConfig(steps=40, batch_size=16, lr=1e-3), progress=False,
+            after_step=zeros_keeper(student))
+    after = top1_agreement(student, held.indices, held_out)
+    assert weight_sparsity(student) == 0.5
+    for name, p in student.named_parameters():
+        if name in zeros and "embed" not in name:
+            assert torch.equal(p == 0, zeros[name]), name  # the same zeros, no new ones
+    assert after > before, (before, after)

@@ -31,6 +31,7 @@ kept values are also quantized (sparse + quantized, as in SparseGPT's 2:4 + 4-bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -288,6 +289,23 @@ def quantize_model_sparse24(model: nn.Module, scheme: QuantScheme | None = None,
     ``prune``: ``"magnitude"``, or ``"wanda"`` (needs ``windows``)."""
     return sparsify_model(model, pattern="2:4", method=prune, windows=windows, compress=True,
                           scheme=scheme, skip=skip, progress=progress)
+
+
+def zeros_keeper(model: nn.Module) -> Callable[[], None]:
+    """Remember where the dense linear weights of a pruned ``model`` are zero; the function
+    returned puts those zeros back. A fine-tune calls it after every optimizer step (the
+    gradient of a pruned weight is not zero, so a step would revive it): the model learns
+    with its sparsity pattern fixed, as SparseGPT and Wanda fine-tune their pruned models.
+    """
+    masks = [(module.weight, module.weight != 0) for name, module in model.named_modules()
+             if isinstance(module, nn.Linear) and name != "lm_head"]
+
+    @torch.no_grad()
+    def put_zeros_back() -> None:
+        for weight, kept in masks:
+            weight.mul_(kept)
+
+    return put_zeros_back
 
 
 def weight_sparsity(model: nn.Module) -> float:
