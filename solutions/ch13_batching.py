@@ -1,5 +1,6 @@
 """Chapter 13: batching and scheduling — a continuous-batching step with chunked prefill,
-latency metrics, what static batching costs, and a roofline model of one engine step."""
+latency metrics, what static batching costs, a roofline model of one engine step, and which
+request to preempt when the KV blocks run out (and what it costs)."""
 
 from __future__ import annotations
 
@@ -80,4 +81,47 @@ def roofline_step_time(new_tokens: int, cached_tokens: int, cost: CostModel) -> 
     memory = (cost.weight_bytes + cached_tokens * cost.kv_bytes_per_token) / cost.bandwidth
     compute = new_tokens * cost.flops_per_token / cost.flops
     return cost.overhead + max(memory, compute)
+    ### END SOLUTION
+
+
+def preemption_victims(need: int, free: int, held: list[int]) -> list[int]:
+    """Exercise 13.5: Which running requests to preempt when the pool runs short: latest first.
+
+    A running request needs ``need`` more blocks and only ``free`` are free. ``held``: the
+    blocks held by that request (``held[0]``, the requester) and by each running request
+    that started after it, in the order they started (the step serves running requests in
+    that order, so these are the ones it has not reached yet). vLLM preempts the latest
+    started first (first come, first served: older requests keep their place); each victim
+    frees the blocks it holds. Stop as soon as ``free`` plus the freed blocks reach
+    ``need``; if they never do, the requester itself is the last victim (it gets nothing
+    this step). Returns the victims' indices in the order they go ([] if nothing has to).
+    Hint: walk ``held`` backwards.
+    """
+    ### BEGIN SOLUTION
+    victims = []
+    for i in reversed(range(len(held))):
+        if free >= need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+    ### END SOLUTION
+
+
+def recompute_tokens(computed: int, num_tokens: int, cached_blocks: int,
+                     block_size: int) -> int:
+    """Exercise 13.5: The tokens a preempted request computes again when it restarts.
+
+    Preemption by recompute threw away the keys and values of the ``computed`` tokens the
+    request had (of its ``num_tokens``: prompt and output so far). Its freed full blocks
+    stay in the prefix cache until the pool reuses them, so when it restarts it finds its
+    first ``cached_blocks`` full blocks of ``block_size`` tokens there (another request
+    with the same tokens may have filled some) and starts after them; but the block that
+    holds its last token is always computed (that token's logits give the next token).
+    Returns how many of the ``computed`` tokens it must compute again (never negative:
+    tokens it had not computed yet are new work, not recompute).
+    """
+    ### BEGIN SOLUTION
+    resumed = block_size * min(cached_blocks, (num_tokens - 1) // block_size)
+    return max(computed - resumed, 0)
     ### END SOLUTION

@@ -1,9 +1,9 @@
 """The engine's replaceable parts (the course's "your code in the engine"): a block manager
-instance, the slot-mapping function, the decode attention and the scheduler's budget plan.
-With the chapter 12 and 13 solutions plugged in, the engine still gives every request what
-``generate`` gives it alone; a broken part shows (different tokens, or a clear error).
-Also what chapters 12 and 13 needed of the simulator: ``on_step``, and a cost-model fit
-that survives CPU steps."""
+instance, the slot-mapping function, the decode attention, the scheduler's budget plan and
+its preemption policy. With the chapter 12 and 13 solutions plugged in, the engine still
+gives every request what ``generate`` gives it alone; a broken part shows (different
+tokens, or a clear error). Also the engine's ``on_step`` observer, and what chapters 12 and
+13 needed of the simulator: ``on_step``, and a cost-model fit that survives CPU steps."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.block_manager import BlockManager
 from minillm.serve.reserving import ReservingBlockManager
-from minillm.serve.scheduler import plan_chunked_step
+from minillm.serve.scheduler import plan_chunked_step, preemption_victims
 from minillm.testing import tiny_pair
 
 ch12 = load_impl("ch12_paged_kv_cache", "solutions")
@@ -146,6 +146,77 @@ def test_a_plan_that_breaks_the_rules_is_refused_with_a_reason(tiny):
 def test_the_library_plan_follows_sarathi_order(running, waiting, budget, seats, expected):
     assert plan_chunked_step(running, waiting, budget, seats) == expected
     assert ch13.plan_step(running, waiting, budget, seats) == expected
+
+
+def short_pool(tiny, preempt=preemption_victims, on_step=None, num_blocks=12) -> LLM:
+    """An engine whose blocks of 4 cannot hold PROMPTS' caches at once (a prompt and its
+    answer take up to 10): its requests preempt each other."""
+    return LLM(tiny, block_size=4, num_blocks=num_blocks, on_step=on_step,
+               scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16, preempt=preempt))
+
+
+def test_on_step_sees_every_step_once_it_is_done(tiny):
+    seen = []
+    llm = short_pool(tiny, on_step=seen.append)
+    requests = [llm.add_request(prompt, PARAMS) for prompt in PROMPTS]
+    steps = 0
+    while llm.has_work:
+        llm.step()
+        steps += 1
+        assert seen[-1].num_tokens == llm.last_step_tokens
+    assert len(seen) == steps and any(step.preempted for step in seen)
+    assert all(seq.num_computed >= n for step in seen for seq, n in step.work)  # advanced
+    assert all((step.seconds > 0) == bool(step.work) for step in seen)  # the model's time
+    assert [r.output for r in requests] == alone(tiny)
+
+
+def test_the_solution_preemption_policy_runs_the_engine_and_is_the_one_used(tiny):
+    calls, preempted = [], []
+
+    def preempt(need, free, held):
+        calls.append((need, free, held))
+        return ch13.preemption_victims(need, free, held)
+
+    llm = short_pool(tiny, preempt, on_step=lambda step: preempted.extend(step.preempted))
+    assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
+    assert calls and preempted and llm.free_blocks() == 12
+
+
+def biggest_first(need, free, held):
+    """Preempt the later requests holding the most blocks first, the requester last."""
+    victims = []
+    for i in sorted(range(1, len(held)), key=lambda i: -held[i]) + [0]:
+        if free >= need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+
+
+def test_another_preemption_policy_changes_the_victims_not_the_tokens(tiny):
+    histories = {}
+    for preempt in (preemption_victims, biggest_first):
+        history = []
+        llm = short_pool(tiny, preempt, num_blocks=20, on_step=lambda step, h=history: h.append(
+            [s.prompt for s in step.preempted]))
+        assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
+        assert llm.free_blocks() == 20
+        histories[preempt] = history
+    assert histories[preemption_victims] != histories[biggest_first]
+
+
+@pytest.mark.parametrize("preempt, reason", [
+    (lambda need, free, held: [], "preempt more"),
+    (lambda need, free, held: [len(held)], "distinct indices"),
+    (lambda need, free, held: [0, 0], "distinct indices"),
+    (lambda need, free, held: [0, *range(1, len(held))], "must be the last victim"),
+    (lambda need, free, held: [*reversed(range(len(held)))], "enough before the last"),
+])
+def test_a_preemption_policy_that_breaks_the_rules_is_refused_with_a_reason(tiny, preempt,
+                                                                            reason):
+    llm = short_pool(tiny, preempt)
+    with pytest.raises(ValueError, match=reason):
+        llm.generate(PROMPTS, PARAMS, progress=False)
 
 
 def test_the_simulator_shows_every_step_to_on_step():

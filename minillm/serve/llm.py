@@ -35,14 +35,21 @@ Its parts can be swapped for your own (the course's "your code in the engine"):
 (:class:`~.runner.ModelRunner`), ``decode_attention=`` the function that reads a decode's
 keys and values through its block table (:class:`~.paged_cache.PagedKVCache`),
 ``SchedulerConfig(plan=...)`` the function that splits a step's token budget
-(:func:`~.scheduler.plan_chunked_step`), and ``shard_weight=`` the function that cuts each
+(:func:`~.scheduler.plan_chunked_step`), ``SchedulerConfig(preempt=...)`` the one that
+picks the requests to preempt when the KV blocks run out
+(:func:`~.scheduler.preemption_victims`), and ``shard_weight=`` the function that cuts each
 weight for tensor parallelism (:func:`~minillm.parallel.tensor.shard_weight`).
+
+``on_step=`` watches the engine without patching it: it is called with every
+:class:`~.scheduler.Step` once the step is done (its work, the requests it preempted, the
+seconds the model took).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field, replace
 
@@ -59,7 +66,7 @@ from .errors import EngineDeadError
 from .paged_cache import DecodeAttention
 from .proposers import DraftModelProposer
 from .runner import ModelRunner, SlotMapping
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, Step
 from .sequence import FinishReason, Sequence
 
 logger = logging.getLogger(__name__)
@@ -92,7 +99,8 @@ class RequestOutput:
 class LLM:
     """A continuous-batching engine over a paged KV cache of ``num_blocks`` blocks of
     ``block_size`` token slots. Given a ``block_manager``, the engine uses it (and its pool
-    and block sizes) instead of building one from those three arguments."""
+    and block sizes) instead of building one from those three arguments. ``on_step(step)``
+    is called after every step (:meth:`step`)."""
 
     def __init__(self, model: str | Transformer = "smollm2", *, block_size: int = 16,
                  num_blocks: int = 1024, prefix_caching: bool = True,
@@ -102,7 +110,8 @@ class LLM:
                  tensor_parallel_size: int = 1, shard_attention: bool = True,
                  shard_weight: ShardWeight | None = None, worker_timeout: float = 60.0,
                  executor: str = "auto", draft_model: str | Transformer | None = None,
-                 verifier=None, decode_attention: DecodeAttention | None = None):
+                 verifier=None, decode_attention: DecodeAttention | None = None,
+                 on_step: Callable[[Step], None] | None = None):
         self.blocks = block_manager or BlockManager(num_blocks, block_size, prefix_caching)
         config = scheduler or SchedulerConfig()
         if tensor_parallel_size > 1:
@@ -126,6 +135,7 @@ class LLM:
         self.tokenizer = tokenizer
         self.requests: dict[int, Sequence] = {}
         self.last_step_tokens = 0
+        self.on_step = on_step
         self.dead: str | None = None  # why the engine stopped, once it has
 
     def _draft_proposer(self, draft_model: str | Transformer | None, config: SchedulerConfig,
@@ -242,13 +252,24 @@ class LLM:
 
         If computing the step raises, the step's requests finish with an error and the
         engine goes on; if the engine cannot go on (:class:`EngineDeadError`), every
-        request fails and the error is raised, now and at every later call."""
+        request fails and the error is raised, now and at every later call.
+
+        Then ``on_step`` (if given) sees the :class:`~.scheduler.Step`: its ``work``,
+        (sequence, tokens computed) pairs whose sequences the step has advanced, and the
+        requests it ``preempted``; a step with nothing to run is shown too."""
         if self.dead is not None:
             raise EngineDeadError(self.dead)
         step = self.scheduler.schedule()
         self.last_step_tokens = step.num_tokens
-        if not step.work:
-            return []
+        finished = self._compute(step) if step.work else []
+        if self.on_step is not None:
+            self.on_step(step)
+        return finished
+
+    def _compute(self, step: Step) -> list[Sequence]:
+        """Run one scheduled step on the model and record what it sampled; returns the
+        sequences that finished (or failed) in it."""
+        start = time.perf_counter()
         try:
             if self.proposer is not None:
                 self.proposer.propose(step)
@@ -258,6 +279,7 @@ class LLM:
             raise
         except Exception as error:  # noqa: BLE001 - the step's requests carry the error
             return self._fail_step(step, error)
+        step.seconds = time.perf_counter() - start
         finished = self.scheduler.finish_step(step, sampled)
         for seq in finished:
             self._forget(seq)

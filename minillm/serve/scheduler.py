@@ -31,7 +31,10 @@ running request remains.
 When the pool runs out of blocks, the most recently started running request is
 **preempted by recompute**: its blocks are freed, its counter of computed tokens goes back
 to 0 and it returns to the front of the queue (its cached prefix blocks may survive and
-make the recompute cheap). Requests are served first come, first served.
+make the recompute cheap). Requests are served first come, first served. Which requests
+go is a pure function of block counts, :func:`preemption_victims`;
+``SchedulerConfig(preempt=...)`` replaces it (chapter 13's exercise 13.5), and the
+scheduler checks what it returns.
 """
 
 from __future__ import annotations
@@ -77,6 +80,28 @@ def plan_chunked_step(running: list[int], waiting: list[int], token_budget: int,
 Plan = Callable[[list[int], list[int], int, int], list[int]]
 
 
+def preemption_victims(need: int, free: int, held: list[int]) -> list[int]:
+    """Which running requests to preempt so that one of them gets ``need`` more KV blocks
+    from a pool with ``free`` free blocks: the latest started first (vLLM's policy).
+
+    ``held``: the blocks of the request asking (``held[0]``) and of each running request
+    that started after it, in the order they started: the step serves running requests
+    in that order, so these are the ones it has not served yet, the only ones whose blocks
+    can still be taken back. Victims are taken from the end, each freeing what it holds,
+    until ``free`` reaches ``need``; if it never does, the requester itself goes last (and
+    gets nothing this step). Returns the victims' indices, in the order they go."""
+    victims = []
+    for i in reversed(range(len(held))):
+        if free >= need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+
+
+Preempt = Callable[[int, int, list[int]], list[int]]
+
+
 @dataclass
 class SchedulerConfig:
     policy: str = "continuous"
@@ -87,6 +112,7 @@ class SchedulerConfig:
     random_preemption: float = 0.0  # tests: chance per step of preempting a running request
     seed: int = 0  # ... drawn from a generator seeded with this
     plan: Plan = plan_chunked_step  # chunked prefill: how a step's token budget is split
+    preempt: Preempt = preemption_victims  # out of blocks: which running requests go
     speculative_tokens: int = 0  # γ: prompt-lookup tokens a decode may verify per step
     drafter: Callable[[list[int], int], list[int]] = lookup_ngram  # (tokens, γ) -> guesses
     # (prompt lookup's; an engine with a draft model has the model guess instead)
@@ -103,11 +129,13 @@ class SchedulerConfig:
 @dataclass
 class Step:
     """One forward pass: ``(sequence, tokens to compute)`` pairs, prefill chunks included,
-    and the cache blocks to copy first (copy-on-write)."""
+    the cache blocks to copy first (copy-on-write), the requests preempted to make room,
+    and (once the engine ran it) the seconds its drafts and forward pass took."""
 
     work: list[tuple[Sequence, int]] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -217,13 +245,21 @@ class Scheduler:
         return len(draft)
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, step: Step) -> bool:
-        """Reserve blocks for ``n`` tokens of ``seq``, preempting the latest running requests
-        if the pool is short. False if ``seq`` itself had to go. (Victims come from the end
-        of the running list, which this step has not reached yet.)"""
+        """Reserve blocks for ``n`` tokens of ``seq``; while the pool is short, preempt the
+        victims ``config.preempt`` picks among ``seq`` and the unfinished requests that
+        started after it (this step has not reached them yet). False if ``seq`` itself had
+        to go. A block shared with a request that stays is counted in ``held`` but not
+        freed: then the pool may still be short, and the plug-in is asked again."""
         while not self.blocks.can_reserve(seq, n):
-            victim = next(s for s in reversed(self.running) if not s.finished)
-            self._preempt(victim, step)
-            if victim is seq:
+            later = self.running[self.running.index(seq):]
+            candidates = [s for s in later if not s.finished]
+            need, free = self.blocks.new_blocks_needed(seq, n), self.blocks.num_free
+            held = [len(s.block_table) for s in candidates]
+            victims = list(self.config.preempt(need, free, held))
+            _check_victims(victims, need, free, held)
+            for i in victims:
+                self._preempt(candidates[i], step)
+            if 0 in victims:
                 return False
         step.copies += self.blocks.reserve(seq, n)
         return True
@@ -348,3 +384,23 @@ def _check_plan(counts: list[int], needs: list[int], waiting_needs: list[int],
                          f"and {waiting_needs} (waiting)")
     if sum(counts) > budget:
         raise ValueError(f"plan spends {sum(counts)} tokens of a budget of {budget}")
+
+
+def _check_victims(victims: list[int], need: int, free: int, held: list[int]) -> None:
+    """The victims must be distinct candidates that free enough blocks (or end with the
+    requester, index 0), and no more than enough: say which rule they broke."""
+    if len(set(victims)) != len(victims) or not all(
+            isinstance(i, int) and 0 <= i < len(held) for i in victims):
+        raise ValueError(f"preempt returned {victims}: give distinct indices of the "
+                         f"{len(held)} candidates (0 is the requester)")
+    if 0 in victims[:-1]:
+        raise ValueError(f"preempt returned {victims}: the requester (0) gets nothing once "
+                         "it is preempted, so it must be the last victim")
+    freed = [held[i] for i in victims]
+    if 0 not in victims and free + sum(freed) < need:
+        raise ValueError(f"preempt returned {victims}, freeing {sum(freed)} blocks: with "
+                         f"{free} free the requester needs {need}; preempt more, or the "
+                         "requester (0) last")
+    if free + sum(freed[:-1]) >= need:
+        raise ValueError(f"preempt returned {victims}: the blocks were enough before the "
+                         f"last victim ({free} free, {need} needed, held {held})")

@@ -1,8 +1,9 @@
 """Graded tests for chapter 13 (batching and scheduling).
 
 Oracles: the library's budget plan (``plan_chunked_step``), its metrics, its scheduler run
-with a stand-in model, its cost model and simulator, and plain ``generate`` for the engine
-run on a tiny random model.
+with a stand-in model, its cost model and simulator, its preemption policy
+(``preemption_victims``) and block manager, and plain ``generate`` for the engine runs on a
+tiny random model.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve import metrics as library_metrics
-from minillm.serve.block_manager import BlockManager
-from minillm.serve.scheduler import Scheduler, plan_chunked_step
+from minillm.serve.block_manager import BlockManager, chain_hash
+from minillm.serve.scheduler import Scheduler, plan_chunked_step, preemption_victims
 from minillm.serve.sequence import Sequence
 from minillm.serve.simulator import CostModel, simulate
 from minillm.serve.workload import TraceRequest
@@ -186,3 +187,118 @@ def test_your_step_time_drives_the_simulator():
     assert [len(s.token_times) for s in yours] == [len(s.token_times) for s in library]
     assert [t for s in yours for t in s.token_times] == \
         pytest.approx([t for s in library for t in s.token_times])
+
+
+# -- 13.5 which request to preempt, and what it costs -----------------------------------
+
+@pytest.mark.exercise("13.5", points=2)
+@pytest.mark.parametrize("need, free, held, expected", [
+    (2, 0, [3, 2, 4], [2]),  # the latest started frees enough
+    (5, 1, [3, 2, 1, 1], [3, 2, 1]),  # latest first, until free + freed reaches the need
+    (3, 1, [1, 2, 2], [2]),  # exactly enough: stop there
+    (3, 0, [4, 1], [1, 0]),  # the others free too little: the requester goes last
+    (2, 0, [6], [0]),  # nobody started after it: the requester goes
+    (1, 1, [2, 3], []),  # enough blocks are free already
+])
+def test_victims_examples(need, free, held, expected):
+    assert list(impl.preemption_victims(need, free, list(held))) == expected
+
+
+@pytest.mark.exercise("13.5", points=1)
+def test_victims_match_the_library_on_random_pools():
+    rng = random.Random(5)
+    for _ in range(500):
+        held = [rng.randint(1, 6) for _ in range(rng.randint(1, 7))]
+        need, free = rng.randint(1, 12), rng.randint(0, 4)
+        assert list(impl.preemption_victims(need, free, list(held))) == \
+            preemption_victims(need, free, held), (need, free, held)
+
+
+LONGER = SamplingParams(max_tokens=16)
+
+
+def preemption_history(model, preempt) -> tuple[list[list[int]], list[list[int]]]:
+    """Serve PROMPTS, 16 tokens each, on a pool of 12 blocks of 4 (they need 34 in all at
+    the end): each request's tokens, and per step the prompts (by index) it preempted."""
+    history = []
+    llm = LLM(model, block_size=4, num_blocks=12, prefix_caching=False,
+              scheduler=SchedulerConfig(max_batch=5, max_tokens_per_step=16, preempt=preempt),
+              on_step=lambda step: history.append([PROMPTS.index(s.prompt)
+                                                   for s in step.preempted]))
+    outputs = llm.generate(PROMPTS, LONGER, progress=False)
+    assert llm.free_blocks() == 12
+    return [o.tokens for o in outputs], history
+
+
+@pytest.mark.exercise("13.5", points=2)
+def test_your_victims_run_the_engine(model):
+    """Your policy picks every victim: same tokens as generate(), and the same requests
+    preempted at the same steps as the library's (vLLM's) policy."""
+    calls = []
+
+    def yours(need, free, held):
+        calls.append((need, free, list(held)))
+        return impl.preemption_victims(need, free, held)
+
+    tokens, history = preemption_history(model, yours)
+    assert calls and any(history), "the pool should have been short"
+    assert tokens == [generate(model, p, 16, LONGER)[0] for p in PROMPTS]
+    assert history == preemption_history(model, preemption_victims)[1]
+
+
+@pytest.mark.exercise("13.5", points=1)
+@pytest.mark.parametrize("computed, num_tokens, cached_blocks, block_size, expected", [
+    (40, 41, 0, 16, 40),  # nothing left in the cache: all of it again
+    (40, 41, 2, 16, 8),  # two blocks back: only the third block's tokens
+    (20, 30, 1, 4, 16),  # one block of 4 back: 16 of its 20 tokens again
+    (47, 48, 3, 16, 15),  # the block holding the last token is computed, cached or not
+    (5, 40, 3, 4, 0),  # a twin request cached more than it had computed
+])
+def test_recompute_examples(computed, num_tokens, cached_blocks, block_size, expected):
+    assert impl.recompute_tokens(computed, num_tokens, cached_blocks, block_size) == expected
+
+
+def leading_cached_blocks(blocks: BlockManager, tokens: list[int]) -> int:
+    """How many of the full blocks of ``tokens``, from the first, the prefix cache holds."""
+    size, parent, count = blocks.block_size, None, 0
+    for i in range(len(tokens) // size):
+        parent = chain_hash(parent, tuple(tokens[i * size:(i + 1) * size]))
+        if parent not in blocks.cached:
+            break
+        count += 1
+    return count
+
+
+def compute(blocks: BlockManager, seq: Sequence, upto: int) -> None:
+    """Start ``seq`` (cache hits first) and compute its tokens up to ``upto``, naming its
+    full blocks in the cache."""
+    blocks.start(seq)
+    upto = max(upto, seq.num_computed)
+    blocks.reserve(seq, upto - seq.num_computed)
+    seq.num_computed = upto
+    blocks.commit(seq)
+
+
+@pytest.mark.exercise("13.5", points=2)
+def test_recompute_matches_the_block_manager_on_random_restarts():
+    """A request computes part of its tokens and is preempted; a twin (same first tokens)
+    may fill the cache before or after it, and other requests take some of the freed
+    blocks; then it restarts where the block manager's cache hits let it."""
+    rng = random.Random(6)
+    for _ in range(400):
+        size = rng.choice([2, 4, 8])
+        blocks = BlockManager(num_blocks=40, block_size=size)
+        tokens = [rng.randint(0, 2) for _ in range(rng.randint(1, 40))]
+        victim = Sequence(prompt=list(tokens))
+        twin = Sequence(prompt=tokens[:rng.randint(1, len(tokens))] + [rng.randint(0, 2)] * 9)
+        runs = [(victim, rng.randint(0, len(tokens) - 1)), (twin, rng.randint(0, 30))]
+        for seq, upto in runs if rng.random() < 0.5 else runs[::-1]:
+            compute(blocks, seq, min(upto, seq.num_tokens - 1))
+            blocks.free(seq)  # the victim is preempted; the twin is done (or preempted too)
+        computed, victim.num_computed = victim.num_computed, 0
+        other = Sequence(prompt=[7] * (size * rng.randint(0, 12)))
+        compute(blocks, other, other.num_tokens)  # takes free blocks, least recently freed first
+        cached = leading_cached_blocks(blocks, tokens)
+        expected = max(computed - blocks.start(victim), 0)  # it restarts after the cache hits
+        assert impl.recompute_tokens(computed, len(tokens), cached, size) == expected, \
+            (computed, len(tokens), cached, size)

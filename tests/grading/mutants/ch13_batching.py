@@ -130,3 +130,74 @@ def roofline_step_time__no_overhead(new_tokens, cached_tokens, cost):
     """Leaves out the time spent outside the model."""
     memory = (cost.weight_bytes + cached_tokens * cost.kv_bytes_per_token) / cost.bandwidth
     return max(memory, new_tokens * cost.flops_per_token / cost.flops)
+
+
+def preemption_victims__oldest_first(need, free, held):
+    """Preempts the oldest of the later requests first (the requester still last): it throws
+    away more computed work and breaks first come, first served."""
+    victims = []
+    for i in [*range(1, len(held)), 0]:
+        if free >= need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+
+
+def preemption_victims__requester_first(need, free, held):
+    """Gives up at once: preempts the requester itself whenever the pool is short."""
+    return [] if free >= need else [0]
+
+
+def preemption_victims__ignores_free_blocks(need, free, held):
+    """Frees ``need`` blocks by preemption alone, forgetting the ones already free."""
+    victims, freed = [], 0
+    for i in reversed(range(len(held))):
+        if freed >= need:
+            break
+        victims.append(i)
+        freed += held[i]
+    return victims
+
+
+def preemption_victims__one_too_many(need, free, held):
+    """Stops only once the free blocks exceed the need: one victim too many on a tie."""
+    victims = []
+    for i in reversed(range(len(held))):
+        if free > need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+
+
+def preemption_victims__biggest_first(need, free, held):
+    """Preempts the biggest holders first (fewest victims), not the latest started."""
+    victims = []
+    for i in sorted(range(1, len(held)), key=lambda i: -held[i]) + [0]:
+        if free >= need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+
+
+def recompute_tokens__everything(computed, num_tokens, cached_blocks, block_size):
+    """Forgets the prefix cache: every computed token is computed again."""
+    return computed
+
+
+def recompute_tokens__last_block_from_the_cache(computed, num_tokens, cached_blocks,
+                                                block_size):
+    """Takes the block holding the last token from the cache too."""
+    return max(computed - block_size * cached_blocks, 0)
+
+
+def recompute_tokens__negative(computed, num_tokens, cached_blocks, block_size):
+    """Goes below zero when the cache holds more than the request had computed."""
+    return computed - block_size * min(cached_blocks, (num_tokens - 1) // block_size)
+
+
+def recompute_tokens__counts_new_work(computed, num_tokens, cached_blocks, block_size):
+    """Counts every token after the cache hits, also those it had never computed."""
+    return num_tokens - block_size * min(cached_blocks, (num_tokens - 1) // block_size)
