@@ -170,6 +170,17 @@ def test_held_back_matches_the_library_on_random_strings():
         assert impl.held_back(text, stops) == library_held_back(text, stops), (text, stops)
 
 
+def stream_and_whole(llm, request: dict, **app_options):
+    """Send ``request`` to a server running the learner's code twice at once, streamed and
+    whole: the streamed text, its chunks and the whole reply."""
+    with serving(llm, **app_options) as url, ThreadPoolExecutor(1) as pool:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=120)
+        whole = pool.submit(client.completions.create, **request)  # runs batched with the stream
+        chunks = list(client.completions.create(stream=True, **request))
+        whole = whole.result()
+    return "".join(chunk.choices[0].text for chunk in chunks if chunk.choices), chunks, whole
+
+
 @pytest.mark.exercise("15.2", points=2)
 @pytest.mark.smollm2
 def test_your_held_back_in_the_server(llm):
@@ -185,12 +196,7 @@ def test_your_held_back_in_the_server(llm):
     expected = text[:text.find(stop)]
     request = dict(model="smollm2", prompt=prompt, max_tokens=16, temperature=0,
                    stop=["zzqzz", stop])
-    with serving(llm, hold_back=impl.held_back) as url, ThreadPoolExecutor(1) as pool:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=120)
-        whole = pool.submit(client.completions.create, **request)  # runs batched with the stream
-        chunks = list(client.completions.create(stream=True, **request))
-        whole = whole.result()
-    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    streamed, chunks, whole = stream_and_whole(llm, request, hold_back=impl.held_back)
     assert streamed == expected, f"stop string {stop!r}: streamed {streamed!r}, " \
                                  f"expected {expected!r}"
     assert whole.choices[0].text == expected
@@ -364,12 +370,7 @@ def test_your_next_delta_in_the_server(llm):
     expected = text[:min(text.find(stop), text.find(later))]
     request = dict(model="smollm2", prompt=prompt, max_tokens=16, temperature=0,
                    stop=[later, stop])
-    with serving(llm, next_delta=impl.next_delta) as url, ThreadPoolExecutor(1) as pool:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=120)
-        whole = pool.submit(client.completions.create, **request)  # runs batched with the stream
-        chunks = list(client.completions.create(stream=True, **request))
-        whole = whole.result()
-    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    streamed, chunks, whole = stream_and_whole(llm, request, next_delta=impl.next_delta)
     assert streamed == expected, f"stop strings {request['stop']!r}: streamed {streamed!r}, " \
                                  f"expected {expected!r}"
     assert whole.choices[0].text == expected
