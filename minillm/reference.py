@@ -113,8 +113,10 @@ def generate_tokens(model: Transformer, prompts: Prompts, max_new_tokens: int,
                        cache_class) if use_cache else None
 
     logits = model(ids, cache, mask if padded else None, last_only=True)
+    prompt_width = ids.shape[1]  # ids[:, prompt_width:] are the tokens generated so far
     for step in range(max_new_tokens):
-        token = sample(logits[:, -1], sampling, generators, previous=ids, valid=mask.bool())
+        token = sample(logits[:, -1], sampling, generators, previous=ids, valid=mask.bool(),
+                       output=ids[:, prompt_width:])
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         yield token
         finished |= torch.isin(token, stop)

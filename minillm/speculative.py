@@ -173,9 +173,10 @@ def speculative_generate(target: Transformer, proposer: DraftModel | PromptLooku
     one-hot distributions; chapter 11 passes the learner's)."""
     from .serve import LLM, SchedulerConfig
 
-    if params.repetition_penalty != 1.0:
-        raise ValueError("speculative decoding here supports temperature, top-k and top-p; "
-                         "a repetition penalty makes p depend on the draft's tokens")
+    if params.uses_history:
+        raise ValueError("speculative decoding here supports temperature, top-k, top-p, "
+                         "min-p and logit_bias; a repetition, presence or frequency penalty "
+                         "makes p depend on the draft's tokens")
     if gamma < 1:
         raise ValueError(f"gamma must be at least 1, got {gamma}")
     tokens = [int(t) for t in prompt]

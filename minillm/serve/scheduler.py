@@ -234,7 +234,7 @@ class Scheduler:
         gamma = min(self.config.speculative_tokens, spare,
                     seq.max_tokens - len(seq.output) - 1)
         if gamma <= 0 or seq.num_uncomputed != 1 or seq.in_prefill \
-                or seq.params.repetition_penalty != 1.0:  # p would depend on the guesses
+                or seq.params.uses_history:  # p would depend on the guesses
             return 0
         draft = self.guess(seq, gamma)[:gamma]
         extra_blocks = (self.blocks.new_blocks_needed(seq, 1 + len(draft))
