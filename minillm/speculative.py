@@ -175,8 +175,8 @@ def speculative_generate(target: Transformer, proposer: DraftModel | PromptLooku
 
     if params.uses_history:
         raise ValueError("speculative decoding here supports temperature, top-k, top-p, "
-                         "min-p and logit_bias; a repetition, presence or frequency penalty "
-                         "makes p depend on the draft's tokens")
+                         "min-p and logit_bias; a repetition penalty (or a presence or "
+                         "frequency penalty) makes p depend on the draft's tokens")
     if gamma < 1:
         raise ValueError(f"gamma must be at least 1, got {gamma}")
     tokens = [int(t) for t in prompt]
