@@ -58,13 +58,14 @@ def varied_random_model(config: ModelConfig, seed: int = 0) -> Transformer:
     return model
 
 
-def saved_varied_model(directory) -> str:
-    """:func:`varied_random_model` of the :data:`TINY` shape saved in ``directory``, with
-    SmolLM2's tokenizer files beside it (the engine, the server and the tensor-parallel
-    workers load a checkpoint by path, tokenizer included); returns the path."""
+def saved_varied_model(directory, **overrides) -> str:
+    """:func:`varied_random_model` of the :data:`TINY` shape (``overrides`` change its
+    fields) saved in ``directory``, with SmolLM2's tokenizer files beside it (the engine,
+    the server and the tensor-parallel workers load a checkpoint by path, tokenizer
+    included); returns the path."""
     from .checkpoint import resolve_checkpoint, save_model
     from .quant.checkpoint import copy_tokenizer_files
 
-    save_model(varied_random_model(ModelConfig(**TINY)), directory)
+    save_model(varied_random_model(ModelConfig(**{**TINY, **overrides})), directory)
     copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)
     return str(directory)

@@ -53,6 +53,7 @@ from ..model import Transformer
 from ..serve.errors import EngineDeadError
 from ..serve.executors.batch import FlatBatch
 from ..serve.runner import ModelRunner, SlotMapping
+from ..serve.sampler import Sampler
 from .launch import free_port, share_cores
 from .loading import load_shard
 from .tensor import ShardWeight, check_split, tensor_parallel
@@ -95,7 +96,7 @@ class TensorParallelRunner(ModelRunner):
     def __init__(self, checkpoint: str, world: int, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping, *, shard_attention: bool = True,
                  shard: ShardWeight | None = None, worker_timeout: float = 60.0,
-                 executor: str = "auto"):
+                 executor: str = "auto", sampler: Sampler | None = None):
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group; close "
                                "the other engine (llm.close()) first")
@@ -119,7 +120,7 @@ class TensorParallelRunner(ModelRunner):
             meeting = self._starting(lambda: join_group_at(store, 0, world, worker_timeout))
         share_cores(world)
         model = load_rank_model(checkpoint, 0, world, shard_attention, shard)
-        super().__init__(model, num_blocks, block_size, slot_mapping, executor)
+        super().__init__(model, num_blocks, block_size, slot_mapping, executor, sampler)
         if self.workers:
             self._starting(lambda: self._wait_for_workers_loaded(meeting))
         self._starting(wait_for_every_rank)

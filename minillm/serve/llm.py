@@ -56,18 +56,22 @@ from dataclasses import dataclass, field, replace
 from tqdm.auto import tqdm
 
 from ..attention.paged import slot_mapping as default_slot_mapping
-from ..checkpoint import load_model
+from ..checkpoint import load_model, resolve_checkpoint
+from ..config import ModelConfig
 from ..model import Transformer
 from ..parallel.tensor import ShardWeight
 from ..sampling import SamplingParams
+from ..structured.backend import XGrammarBackend
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .errors import EngineDeadError
 from .paged_cache import DecodeAttention
 from .proposers import DraftModelProposer
 from .runner import ModelRunner, SlotMapping
+from .sampler import Sampler
 from .scheduler import Scheduler, SchedulerConfig, Step
 from .sequence import FinishReason, Sequence
+from .structured import BackendFactory, StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -111,28 +115,33 @@ class LLM:
                  shard_weight: ShardWeight | None = None, worker_timeout: float = 60.0,
                  executor: str = "auto", draft_model: str | Transformer | None = None,
                  verifier=None, decode_attention: DecodeAttention | None = None,
-                 on_step: Callable[[Step], None] | None = None):
+                 on_step: Callable[[Step], None] | None = None,
+                 structured_backend: BackendFactory = XGrammarBackend,
+                 jump_forward: bool = False):
         self.blocks = block_manager or BlockManager(num_blocks, block_size, prefix_caching)
         config = scheduler or SchedulerConfig()
+        if tokenizer is None and not isinstance(model, Transformer):
+            tokenizer = Tokenizer(model)
+        self.tokenizer = tokenizer
+        self.structured = StructuredOutputs(tokenizer, _vocab_size(model), structured_backend,
+                                            jump_forward)
+        sampler = Sampler(verifier, self.structured)
         if tensor_parallel_size > 1:
             if decode_attention is not None:
                 raise ValueError("decode_attention= runs in one process: leave "
                                  "tensor_parallel_size at 1")
             self.runner = self._parallel_runner(model, tensor_parallel_size, slot_mapping,
                                                 shard_attention, shard_weight, worker_timeout,
-                                                executor)
+                                                executor, sampler)
             self.model = self.runner.model
         else:
             self.model = model if isinstance(model, Transformer) else load_model(model)
             self.runner = ModelRunner(self.model, self.blocks.num_blocks,
-                                      self.blocks.block_size, slot_mapping, executor, verifier,
+                                      self.blocks.block_size, slot_mapping, executor, sampler,
                                       decode_attention)
         self.proposer = self._draft_proposer(draft_model, config, slot_mapping, executor)
         self.scheduler = Scheduler(config, self.blocks,
                                    self.proposer.guesses if self.proposer else None)
-        if tokenizer is None and not isinstance(model, Transformer):
-            tokenizer = Tokenizer(model)
-        self.tokenizer = tokenizer
         self.requests: dict[int, Sequence] = {}
         self.last_step_tokens = 0
         self.on_step = on_step
@@ -156,7 +165,8 @@ class LLM:
 
     def _parallel_runner(self, model, world: int, slot_mapping: SlotMapping,
                          shard_attention: bool, shard_weight: ShardWeight | None,
-                         worker_timeout: float, executor: str) -> ModelRunner:
+                         worker_timeout: float, executor: str, sampler: Sampler
+                         ) -> ModelRunner:
         """Rank 0's runner of ``world`` tensor-parallel processes (chapter 14)."""
         from ..parallel.engine import TensorParallelRunner
 
@@ -166,7 +176,8 @@ class LLM:
         return TensorParallelRunner(model, world, self.blocks.num_blocks,
                                     self.blocks.block_size, slot_mapping,
                                     shard_attention=shard_attention, shard=shard_weight,
-                                    worker_timeout=worker_timeout, executor=executor)
+                                    worker_timeout=worker_timeout, executor=executor,
+                                    sampler=sampler)
 
     def close(self) -> None:
         """Release the engine's processes (tensor parallelism); the engine is unusable after."""
@@ -202,6 +213,11 @@ class LLM:
         if seq.num_prompt_tokens + seq.max_tokens > context:
             return (f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens "
                     f"({seq.max_tokens}) exceeds the model's context of {context} tokens")
+        if any(not 0 <= t < vocab for t, _ in seq.params.logit_bias):
+            return f"logit_bias names token ids outside the vocabulary (0..{vocab - 1})"
+        if seq.params.structured is not None and \
+                (error := self.structured.check(seq.params.structured)) is not None:
+            return error
         if needed > self.blocks.num_blocks:
             return (f"the request needs {needed} KV blocks but the pool has "
                     f"{self.blocks.num_blocks}; lower max_tokens or give the engine more blocks")
@@ -370,6 +386,13 @@ def _per_sample(params: SamplingParams) -> list[SamplingParams]:
     gives the tokens a single request with that seed gets."""
     return [replace(params, n=1, seed=None if params.seed is None else params.seed + i)
             for i in range(params.n)]
+
+
+def _vocab_size(model: str | Transformer) -> int:
+    """The model's vocabulary size (its logits' width), read before it is loaded."""
+    if isinstance(model, Transformer):
+        return model.config.vocab_size
+    return ModelConfig.from_json(resolve_checkpoint(model) / "config.json").vocab_size
 
 
 def _all_finished(seq: Sequence) -> bool:

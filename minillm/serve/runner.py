@@ -39,13 +39,15 @@ from .sequence import Sequence
 class ModelRunner:
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping = slot_mapping, executor: str = "auto",
-                 verifier=None, decode_attention: DecodeAttention | None = None):
+                 sampler: Sampler | None = None,
+                 decode_attention: DecodeAttention | None = None):
         """``slot_mapping(block_table, start, count, block_size)``: the pool slots of a
         sequence's tokens ``start .. start + count - 1``. ``executor``: auto, eager,
-        compiled or native (:mod:`.executors`). ``verifier``: speculation's rejection
-        rule (:class:`~.sampler.Sampler`). ``decode_attention``: each decode's attention
-        read through its block table (:class:`~.paged_cache.PagedKVCache`); it runs in
-        eager steps only, so every step is then eager."""
+        compiled or native (:mod:`.executors`). ``sampler``: how each step's tokens are
+        chosen (:class:`~.sampler.Sampler`, with the engine's verifier and constraints).
+        ``decode_attention``: each decode's attention read through its block table
+        (:class:`~.paged_cache.PagedKVCache`); it runs in eager steps only, so every step
+        is then eager."""
         if decode_attention is not None:
             if executor not in ("auto", "eager"):
                 raise ValueError(f"decode_attention= runs in eager steps, not the {executor} "
@@ -56,7 +58,7 @@ class ModelRunner:
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype,
                                   model.device, decode_attention)
         self.executors = make_executors(model, self.cache, executor)
-        self.sampler = Sampler(verifier)
+        self.sampler = sampler or Sampler()
         self.last_executor = ""  # which executor computed the last step ...
         self.last_forward_seconds = 0.0  # ... and how long its forward pass took
 

@@ -70,6 +70,7 @@ class Sequence:
     # (None: certain guesses, as prompt lookup's: q is one-hot)
     num_drafted: int = 0  # speculative tokens proposed over the request's life ...
     num_accepted: int = 0  # ... and accepted by the target
+    num_forced: int = 0  # tokens its grammar forced (jump-forward): no forward pass of their own
     logprobs: list[TokenLogprob] = field(default_factory=list)  # with params.logprobs: one
     # per sampled token (output[i] <-> logprobs[i]; any past the output were dropped)
 
