@@ -55,7 +55,6 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-import jsonschema
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
@@ -73,6 +72,7 @@ from ..sampling import (
     SamplingParams,
     TokenLogprob,
 )
+from ..structured.backend import check_json_schema
 from ..structured.spec import Choice, Grammar, JsonObject, JsonSchema, Regex, StructuredOutput
 from . import metrics
 from .async_engine import AsyncEngine
@@ -174,9 +174,9 @@ def _checked_schema(schema: dict[str, Any], param: str) -> dict[str, Any]:
     """``schema`` if it is a valid JSON schema (the ``jsonschema`` package's check of it
     against its meta-schema), else a refusal naming ``param``."""
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as error:
-        raise _refusal(param, f"invalid JSON schema: {error.message}") from None
+        check_json_schema(schema)
+    except ValueError as error:
+        raise _refusal(param, str(error)) from None
     return schema
 
 
