@@ -33,7 +33,8 @@ The supported syntax is the common core of regular expressions, with the meaning
 ``( )`` and ``(?: )``, ``|``, and the greedy quantifiers ``* + ? {m} {m,} {m,n}``. Anything else
 (anchors, backreferences, lookarounds, lazy quantifiers, flags...) is refused with a
 ``ValueError`` that names the piece and its position: an automaton cannot do backreferences,
-and the rest means nothing when the whole output must match.
+and the rest means nothing when the whole output must match. So is a ``{`` that does not open
+a quantifier, which Python would read as a literal brace: write ``\\{``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class CharSet:
 
     def __str__(self) -> str:
         """As regex syntax: ``"``, ``\\.``, ``[0-9]``, ``[^"\\\\]``."""
-        if self.single_char is not None and self.single_char != " ":
+        if self.single_char is not None and self.single_char != " ":  # a space shows as [ ]
             return _escape(self.single_char, _META)
         if not self.ranges:
             return "[]"  # the empty set (never a label)
@@ -119,17 +120,21 @@ class CharSet:
 
 
 _META = set(".^$*+?{}[]\\|()")
-_CONTROLS = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}  # escape \n: a newline...
+# Escapes of control characters: \n in a pattern is a newline, and so on.
+_CONTROLS = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
 _CONTROL_ESCAPES = {char: "\\" + letter for letter, char in _CONTROLS.items()}
 
 
 def _escape(char: str, special: set[str]) -> str:
     """One character as it would be written in a pattern."""
+    code = ord(char)
     if char in _CONTROL_ESCAPES:
         return _CONTROL_ESCAPES[char]
-    if not char.isprintable():
-        return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
-    return "\\" + char if char in special else char
+    if char.isprintable():
+        return "\\" + char if char in special else char
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _class_body(chars: CharSet) -> str:
@@ -183,6 +188,7 @@ class CharAutomaton:
     _memo: tuple[dict[str, int | None], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        """Build the lookup tables of :meth:`step`."""
         tables = []
         for moves in self.transitions:
             starts, targets = [0], [None]
@@ -458,8 +464,8 @@ class _Parser:
             item_start, item = self.pos, self.class_item()
             if self.peek() == "-" and self.pattern[self.pos + 1: self.pos + 2] not in ("", "]"):
                 self.pos += 1
-                high = self.class_item()
-                low, high = item.single_char, high.single_char
+                end = self.class_item()
+                low, high = item.single_char, end.single_char
                 if low is None or high is None or low > high:
                     self.fail("bad character range", item_start)
                 item = CharSet.span(low, high)
@@ -549,7 +555,7 @@ def _split(moves: list[tuple[CharSet, int]]) -> dict[frozenset[int], CharSet]:
     return {targets: CharSet(tuple(ranges)) for targets, ranges in by_targets.items()}
 
 
-def _determinize(nfa: _NFA, start: int, end: int):
+def _determinize(nfa: _NFA, start: int, end: int) -> tuple[int, set[int], list[list]]:
     """The subset construction: DFA state i stands for ``subsets[i]``, the NFA states a text
     can lead to. Returns (initial state, accepting states, transitions).
 
