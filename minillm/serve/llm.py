@@ -40,6 +40,12 @@ picks the requests to preempt when the KV blocks run out
 (:func:`~.scheduler.preemption_victims`), and ``shard_weight=`` the function that cuts each
 weight for tensor parallelism (:func:`~minillm.parallel.tensor.shard_weight`).
 
+``SamplingParams(structured=...)`` constrains a request's output to a regex, a JSON
+schema, a choice or a grammar (chapter 16, :mod:`.structured`): ``structured_backend=``
+builds the constraint backend (default xgrammar; chapter 16 passes
+``partial(AutomatonBackend, mask_fn=your_token_mask)``), and ``jump_forward=True``
+appends the tokens a grammar forces without a forward pass each.
+
 ``on_step=`` watches the engine without patching it: it is called with every
 :class:`~.scheduler.Step` once the step is done (its work, the requests it preempted, the
 seconds the model took).
