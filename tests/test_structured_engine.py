@@ -18,8 +18,9 @@ from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.sequence import Sequence
 from minillm.structured import Choice, JsonObject, JsonSchema, Regex
-from minillm.structured.backend import AutomatonBackend
+from minillm.structured.backend import AutomatonBackend, XGrammarBackend
 from minillm.testing import saved_varied_model
+from minillm.tokenizer import Tokenizer
 
 PERSON = {"type": "object", "additionalProperties": False,
           "required": ["name", "age", "city"],
@@ -52,11 +53,10 @@ def tiny(tmp_path_factory):
                               max_position_embeddings=512)
 
 
-def engine(model, num_blocks=256, block_size=4, **options) -> LLM:
-    scheduler = {k: options.pop(k) for k in list(options) if k not in ("jump_forward",
-                                                                        "structured_backend")}
-    return LLM(model, block_size=block_size, num_blocks=num_blocks,
-               scheduler=SchedulerConfig(**scheduler), **options)
+def engine(model, num_blocks=256, structured_backend=XGrammarBackend, **config) -> LLM:
+    """An engine of 4-token blocks; ``config``: the scheduler's."""
+    return LLM(model, block_size=4, num_blocks=num_blocks,
+               scheduler=SchedulerConfig(**config), structured_backend=structured_backend)
 
 
 @cache
@@ -160,10 +160,10 @@ def test_rejected_guesses_roll_the_automaton_back(tiny):
     output is the one decoding without speculation gives."""
     params = SamplingParams(max_tokens=40, structured=JsonSchema.of(PERSON))
     bad_guesses = ["}", "{", "]"]
-    tokenizer_ids = LLM(tiny, num_blocks=8).tokenizer.encode
+    encode = Tokenizer(tiny).encode
 
     def drafter(tokens, gamma):  # a forbidden token after one or two allowed-looking ones
-        return ([tokens[-1]] + tokenizer_ids(bad_guesses[len(tokens) % 3]) * gamma)[:gamma]
+        return ([tokens[-1]] + encode(bad_guesses[len(tokens) % 3]) * gamma)[:gamma]
 
     spec_engine = engine(tiny, speculative_tokens=3, drafter=drafter)
     out = spec_engine.generate(PROMPTS, params, progress=False)
