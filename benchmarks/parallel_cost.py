@@ -16,7 +16,7 @@ Pure arithmetic from :mod:`minillm.parallel.cost` (nothing is run or measured; i
 4. one node of 8 GPUs as data-parallel replicas of tensor-parallel groups: time per token
    and total tokens/s.
 
-Link latencies are round assumptions (see ``Interconnect`` in minillm/parallel/cost.py):
+Link latencies are round assumptions (see ``Interconnect`` in minillm/parallel/catalogue.py):
 NVLink 1 µs, PCIe 5 µs, 100 GbE 25 µs, 10 GbE 50 µs per ring step (TCP for Ethernet).
 """
 
