@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .model import Attention, Transformer, build_attention_mask
+from .model import Attention, Transformer
 
 
 def regroup_kv_projection(proj: nn.Linear, old_heads: int, new_heads: int,
@@ -195,9 +195,7 @@ def fit_kv_projections(student: Transformer, teacher: Transformer, windows: torc
     pooled model for ~5% of the original steps; fitting layer by layer is what fits in
     minutes on a CPU. Returns each layer's error before and after its fit.
     """
-    steps_ = torch.arange(windows.shape[1])
-    rope = teacher.rope(steps_[None])
-    mask = build_attention_mask(steps_, steps_)
+    *rope, mask = teacher.attention_inputs(windows.shape[1], windows.device)
     student.requires_grad_(False)
     with torch.no_grad():
         student_hidden = student.embed_tokens(windows)

@@ -157,23 +157,34 @@ class Transformer(nn.Module):
         last_only: compute logits for the last position only (all that decoding needs).
         """
         seq = input_ids.shape[1]
-        if cache is None:
-            query_steps = key_steps = torch.arange(seq, device=input_ids.device)
-            window, decode_needs_mask = None, False
-        else:
-            query_steps, key_steps = cache.steps(seq)
-            window, decode_needs_mask = cache.window, cache.decode_needs_mask
-        positions = self._rope_positions(query_steps, attention_mask)
-        rope_cos, rope_sin = self.rope(positions)
-        if attention_mask is None and seq == 1 and not decode_needs_mask:
-            mask = None  # one new token with no padding: it may see every cached key
-        else:
-            mask = build_attention_mask(query_steps, key_steps, attention_mask, window)
-
+        rope_cos, rope_sin, mask = self.attention_inputs(seq, input_ids.device, attention_mask,
+                                                         cache)
         x = self.run_layers(self.embed_tokens(input_ids), rope_cos, rope_sin, mask, cache)
         if cache is not None:
             cache.advance(seq)
         return self.head(x[:, -1:] if last_only else x)
+
+    def attention_inputs(self, seq_len: int, device: torch.device, attention_mask=None,
+                         cache=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """RoPE tables and attention mask for ``seq_len`` new tokens: (rope_cos, rope_sin, mask).
+
+        Without ``cache`` (and ``attention_mask``) the tokens are whole sequences: positions
+        0..seq_len-1, a causal mask. Calibration, K/V fitting and pipeline stages run layers
+        on such inputs. With a cache they follow its contents; ``attention_mask`` as in
+        :meth:`forward`. The mask is None where it would hide nothing.
+        """
+        if cache is None:
+            query_steps = key_steps = torch.arange(seq_len, device=device)
+            window, decode_needs_mask = None, False
+        else:
+            query_steps, key_steps = cache.steps(seq_len)
+            window, decode_needs_mask = cache.window, cache.decode_needs_mask
+        rope_cos, rope_sin = self.rope(self._rope_positions(query_steps, attention_mask))
+        if attention_mask is None and seq_len == 1 and not decode_needs_mask:
+            mask = None  # one new token with no padding: it may see every cached key
+        else:
+            mask = build_attention_mask(query_steps, key_steps, attention_mask, window)
+        return rope_cos, rope_sin, mask
 
     def forward_flat(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
                      logits_at: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,7 +202,7 @@ class Transformer(nn.Module):
         x = self.run_layers(x, rope_cos, rope_sin, None, cache)[0]
         return self.head(x if logits_at is None else x[logits_at])
 
-    def run_layers(self, x: torch.Tensor, rope_cos, rope_sin, mask, cache) -> torch.Tensor:
+    def run_layers(self, x: torch.Tensor, rope_cos, rope_sin, mask, cache=None) -> torch.Tensor:
         """Every block in turn: the one place both forwards (and pipeline stages) share."""
         for layer in self.layers:
             x = layer(x, rope_cos, rope_sin, mask, cache)

@@ -209,11 +209,18 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probabilities sum to >= p."""
+    """Keep the smallest set of most likely tokens whose probabilities sum to >= p.
+
+    The most likely token always stays, for any p in (0, 1]; p = 1 keeps every token.
+    """
+    if p >= 1:  # the cumulative sum may round to 1 before the last tokens: keep them all
+        return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = probs.cumsum(-1) - probs  # probability of the tokens ranked above each one
-    drop_sorted = mass_before >= p  # the top token always stays (its mass_before is 0)
+    drop_sorted = mass_before >= p
+    # the top token's mass_before is 0, but a tiny p (1e-300) is 0 too in float32: keep it
+    drop_sorted[..., 0] = False
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.sampling import (
     SamplingParams,
     apply_repetition_penalty,
+    process_logits,
     sample,
     top_k_filter,
     top_p_filter,
@@ -57,6 +62,52 @@ def test_top_p_sampling_matches_renormalised_distribution():
     expected = torch.softmax(top_p_filter(logits, 0.8), -1)[0]
     observed = torch.bincount(draws, minlength=10).float() / len(draws)
     assert (observed - expected).abs().max() < 0.015  # 20k draws: std of a frequency <= 0.0035
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize("p", [1e-300, 1e-12, math.ulp(0.0)], ids=["1e-300", "1e-12", "ulp(0)"])
+def test_a_tiny_top_p_samples_only_the_top_token(p):
+    # 1e-300 and ulp(0) round to 0 in float32: every token's mass_before reaches them
+    logits = random_logits()
+    draws = draw(logits, SamplingParams(temperature=1.0, top_p=p, seed=0), n=200)
+    assert (draws == logits.argmax(-1)).all()
+    tied = torch.tensor([[1.0, 5.0, 5.0, -2.0]])  # ties for the top: one of them is drawn
+    assert set(draw(tied, SamplingParams(temperature=1.0, top_p=p, seed=0), n=50)[:, 0]
+               .tolist()) <= {1, 2}
+    lone = torch.tensor([[-INF, 3.0, -INF]])  # every token but one already filtered out
+    assert (draw(lone, SamplingParams(temperature=1.0, top_p=p, seed=0), n=50) == 1).all()
+
+
+def test_top_p_of_one_keeps_every_token():
+    # one dominant token: the cumulative sum is 1.0 in float32 before the others are counted
+    dominant = torch.tensor([[30.0, 0.0, 0.0, -1.0]])
+    for logits in (random_logits(), dominant):
+        assert torch.equal(top_p_filter(logits, 1.0), logits)
+        params = SamplingParams(temperature=1.0, top_p=1.0)
+        assert torch.equal(process_logits(logits, params),
+                           process_logits(logits, SamplingParams(temperature=1.0)))
+
+
+@st.composite
+def logits_rows(draw):
+    """A few rows of float32 logits, some already filtered to -inf, at least one finite each."""
+    vocab = draw(st.integers(1, 40))
+    value = st.one_of(st.floats(-1e4, 1e4, width=32), st.just(-INF))
+    row = st.lists(value, min_size=vocab, max_size=vocab).filter(lambda r: max(r) > -INF)
+    return torch.tensor(draw(st.lists(row, min_size=1, max_size=4)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(logits_rows(), st.floats(0.0, 1.0, exclude_min=True))
+def test_top_p_always_keeps_the_maximum_and_a_distribution(logits, p):
+    filtered = top_p_filter(logits, p)
+    assert torch.equal(filtered.max(-1).values, logits.max(-1).values)
+    assert ((filtered == logits) | (filtered == -INF)).all()  # tokens are kept or dropped
+    probs = torch.softmax(filtered, -1)
+    assert not probs.isnan().any()
+    assert torch.allclose(probs.sum(-1), torch.ones(len(logits)), atol=1e-5)
 
 
 def test_temperature_sharpens_and_flattens():

@@ -48,9 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import ModelConfig
-from ..model import Transformer, build_attention_mask
-from ..rope import RotaryEmbedding
+from ..model import Transformer
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -204,20 +202,34 @@ def stage_layers(num_layers: int, rank: int, world: int) -> range:
 
 
 class PipelineStage(nn.Module):
-    """One rank's share of a Transformer: consecutive layers, with the embedding on the
-    first stage and the final norm and LM head on the last (the others hold None).
+    """One rank's share of a Transformer: the model itself, trimmed to a run of consecutive
+    layers, with the embedding on the first stage and the final norm and LM head on the last
+    (the others hold None). It runs the model's own embedding, layer loop
+    (:meth:`~minillm.model.Transformer.run_layers`) and head.
 
     ``forward`` takes token ids on the first stage and hidden states elsewhere; it returns
     logits on the last stage and hidden states elsewhere.
     """
 
-    def __init__(self, config: ModelConfig, rank: int, world: int, layers: nn.ModuleList,
-                 rope: RotaryEmbedding, embed_tokens: nn.Embedding | None,
-                 norm: nn.Module | None, lm_head: nn.Module | None):
+    def __init__(self, model: Transformer, rank: int, world: int):
         super().__init__()
-        self.config, self.rank, self.world = config, rank, world
-        self.layers, self.rope = layers, rope
-        self.embed_tokens, self.norm, self.lm_head = embed_tokens, norm, lm_head
+        self.model, self.config, self.rank, self.world = model, model.config, rank, world
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    @property
+    def embed_tokens(self) -> nn.Embedding | None:
+        return self.model.embed_tokens
+
+    @property
+    def norm(self) -> nn.Module | None:
+        return self.model.norm
+
+    @property
+    def lm_head(self) -> nn.Module | None:
+        return self.model.lm_head
 
     @property
     def is_first(self) -> bool:
@@ -234,41 +246,27 @@ class PipelineStage(nn.Module):
 
     def forward(self, x, rope_cos, rope_sin, mask):
         if self.is_first:
-            x = self.embed_tokens(x)
-        for layer in self.layers:
-            x = layer(x, rope_cos, rope_sin, mask)
-        if self.is_last:
-            x = self.lm_head(self.norm(x))
-        return x
+            x = self.model.embed_tokens(x)
+        x = self.model.run_layers(x, rope_cos, rope_sin, mask)
+        return self.model.head(x) if self.is_last else x
 
 
 def pipeline_stage(model: Transformer, rank: int, world: int) -> PipelineStage:
-    """Rank ``rank``'s stage of a ``world``-stage pipeline, taken out of ``model``.
+    """Rank ``rank``'s stage of a ``world``-stage pipeline, made of ``model``.
 
-    The stage keeps :func:`stage_layers` (plus the embedding on rank 0, the final norm and
-    LM head on the last rank) and ``model`` is emptied, so the rest is freed: do not use
-    ``model`` afterwards. With tied embeddings the last stage's head still holds the
-    embedding matrix (it is the head's weight) though the embedding module is dropped.
+    ``model`` is trimmed in place to :func:`stage_layers` (plus the embedding on rank 0, the
+    final norm and LM head on the last rank), so the rest is freed, and becomes the stage's:
+    do not use ``model`` on its own afterwards. With tied embeddings the last stage's head
+    still holds the embedding matrix (it is the head's weight) though the embedding module
+    is dropped.
     """
     layers = stage_layers(model.config.num_layers, rank, world)
-    is_last = rank == world - 1
-    stage = PipelineStage(model.config, rank, world,
-                          nn.ModuleList(model.layers[layers.start:layers.stop]), model.rope,
-                          embed_tokens=model.embed_tokens if rank == 0 else None,
-                          norm=model.norm if is_last else None,
-                          lm_head=model.lm_head if is_last else None)
-    model.layers = nn.ModuleList()
-    model.embed_tokens = model.norm = model.lm_head = None
-    return stage
-
-
-def _rope_and_mask(stage: PipelineStage, seq: int):
-    """RoPE tables and attention mask for whole sequences of ``seq`` tokens, as
-    :meth:`Transformer.forward` builds them without a cache: positions 0..seq-1, causal."""
-    steps = torch.arange(seq)
-    rope_cos, rope_sin = stage.rope(steps[None])
-    mask = None if seq == 1 else build_attention_mask(steps, steps)
-    return rope_cos, rope_sin, mask
+    model.layers = nn.ModuleList(model.layers[layers.start:layers.stop])
+    if rank > 0:
+        model.embed_tokens = None
+    if rank < world - 1:
+        model.norm = model.lm_head = None
+    return PipelineStage(model, rank, world)
 
 
 @torch.no_grad()
@@ -290,7 +288,7 @@ def pipeline_forward(stage: PipelineStage, input_ids: torch.Tensor,
                          "equal micro-batches; choose a micro-batch count that divides the "
                          "batch size")
     size = batch // microbatches
-    rope_cos, rope_sin, mask = _rope_and_mask(stage, seq)
+    rope_cos, rope_sin, mask = stage.model.attention_inputs(seq, input_ids.device)
     in_transit, outputs, timeline = [], [], []
     dist.barrier()
     origin = time.perf_counter()

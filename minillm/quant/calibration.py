@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data import load_documents
-from ..model import Block, Transformer, build_attention_mask
+from ..model import Block, Transformer
 
 
 def calibration_windows(tokenizer, num_windows: int = 128, window: int = 512,
@@ -64,7 +64,7 @@ class BlockInputs:
     hidden: torch.Tensor  # [windows, seq, hidden_size]
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None  # None for one-token windows: nothing to hide
     batch_size: int = 8
 
     @torch.inference_mode()
@@ -118,10 +118,7 @@ def blocks_with_inputs(model: Transformer, windows: torch.Tensor, batch_size: in
     The caller may change the block (quantize it) before asking for the next one: the next
     block's inputs are then computed by the changed block.
     """
-    seq = windows.shape[1]
-    steps = torch.arange(seq)
-    rope_cos, rope_sin = model.rope(steps[None])
-    mask = build_attention_mask(steps, steps)
+    rope_cos, rope_sin, mask = model.attention_inputs(windows.shape[1], windows.device)
     hidden = torch.cat([model.embed_tokens(chunk) for chunk in windows.split(batch_size)])
     for index, block in enumerate(tqdm(model.layers, desc=desc, disable=not progress)):
         inputs = BlockInputs(hidden, rope_cos, rope_sin, mask, batch_size)
