@@ -10,14 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from minillm import ops
+from minillm.ops import activation_qparams, quantize_activations
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.embedding import compact_embedding
-from minillm.quant.int8_activations import (
-    Int8ActivationLinear,
-    activation_qparams,
-    quantize_activations,
-    to_int8_activations,
-)
+from minillm.quant.int8_activations import Int8ActivationLinear, to_int8_activations
 from minillm.quant.qlinear import QuantLinear
 from minillm.quant.weight_only import WeightOnlyLinear
 from minillm.reference import generate
@@ -94,7 +91,7 @@ def test_kernel_is_the_reference_bit_for_bit(out_features, in_features, rows):
     layer = int8_layer(out_features, in_features, bias=False)
     x = torch.randn(rows, in_features) * torch.rand(rows, 1) * 8
     x[0] = 0  # an all-zero row: scale 0.1, zero point 0
-    y = torch.ops.minillm.int8_linear(x, layer.codes, layer.scales, layer.code_sums)
+    y = ops.int8_linear(x, layer.codes, layer.scales, layer.code_sums)
     assert y.dtype == torch.float32 and y.shape == (rows, out_features)
     assert torch.equal(y, layer.reference_product(x))
     assert torch.equal(y[0], torch.zeros(out_features))
@@ -103,8 +100,7 @@ def test_kernel_is_the_reference_bit_for_bit(out_features, in_features, rows):
 def test_kernel_refuses_wrong_dtypes():
     layer = int8_layer()
     with pytest.raises(RuntimeError, match="x must be float32"):
-        torch.ops.minillm.int8_linear(torch.randn(1, 192).double(), layer.codes, layer.scales,
-                                      layer.code_sums)
+        ops.int8_linear(torch.randn(1, 192).double(), layer.codes, layer.scales, layer.code_sums)
 
 
 def test_layer_is_close_to_its_float_weights_and_takes_any_shape():

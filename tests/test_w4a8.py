@@ -10,11 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from minillm import ops
+from minillm.ops import quantize_symmetric
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.embedding import compact_embedding
 from minillm.quant.int8_activations import to_int8_activations
 from minillm.quant.qlinear import QuantLinear
-from minillm.quant.w4a8 import W4A8Linear, quantize_symmetric
+from minillm.quant.w4a8 import W4A8Linear
 from minillm.quant.weight_only import WeightOnlyLinear
 from minillm.reference import generate
 from minillm.testing import tiny_pair
@@ -68,8 +70,7 @@ def test_layer_is_close_to_its_float_weights():
 def test_kernel_refuses_wrong_layouts():
     layer = w4a8_layer()
     with pytest.raises(RuntimeError, match="int4 weights are contiguous uint8 codes"):
-        torch.ops.minillm.w4a8_linear(torch.randn(1, 192), layer.codes, layer.scales.float(),
-                                      layer.zeros)
+        ops.w4a8_linear(torch.randn(1, 192), layer.codes, layer.scales.float(), layer.zeros)
 
 
 def test_to_int8_activations_gives_int4_layers_w4a8(tmp_path):

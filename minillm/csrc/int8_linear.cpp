@@ -32,6 +32,6 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes,
 
 }  // namespace minillm
 
-// The op's schema is defined in Python (minillm/native.py), with its shape function for
+// The op's schema is defined in Python (minillm/ops.py), with its shape function for
 // torch.compile; this file provides the CPU implementation.
 TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("int8_linear", &minillm::int8_linear); }

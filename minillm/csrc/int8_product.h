@@ -1,8 +1,8 @@
 // minillm's int8 x int8 product for the CPU: y = x W^T with x rounded to uint8 per row.
 //
-// The arithmetic is the one written out in Python in minillm/quant/int8_activations.py
-// (activation_qparams, quantize_activations, Int8ActivationLinear.reference_product), in
-// the same order, so the two agree bit for bit (compiled with -ffp-contract=off: a fused
+// The arithmetic is the one written out in Python in minillm/ops.py (activation_qparams,
+// quantize_activations, int8_linear_reference; the math: minillm/quant/int8_activations.py),
+// in the same order, so the two agree bit for bit (compiled with -ffp-contract=off: a fused
 // multiply-add would round x / s + z once instead of twice). Per row of x:
 //
 //   s_x = (max(x, 0) - min(x, 0)) / 255,  z_x = round(-min(x, 0) / s_x)      (float64)

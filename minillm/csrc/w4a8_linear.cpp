@@ -30,5 +30,5 @@ torch::Tensor w4a8_linear(const torch::Tensor& x, const torch::Tensor& codes,
 
 }  // namespace minillm
 
-// Schema and shape function: minillm/native.py.
+// Schema, shape function and Python reference: minillm/ops.py.
 TORCH_LIBRARY_IMPL(minillm, CPU, m) { m.impl("w4a8_linear", &minillm::w4a8_linear); }

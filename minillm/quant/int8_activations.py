@@ -12,9 +12,9 @@ row's range when the token arrives ("dynamic"): with m = min(x, 0) and M = max(x
 
     s_x = (M − m) / 255,   z_x = round(−m / s_x),   q_x = clamp(round(x / s_x) + z_x, 0, 255)
 
-(:func:`activation_qparams`, :func:`quantize_activations`; the rule of PyTorch's and FBGEMM's
-dynamic quantization). A weight row o keeps its symmetric per-channel int8 codes q_o and
-scale s_o. Then
+(:func:`~minillm.ops.activation_qparams`, :func:`~minillm.ops.quantize_activations`; the
+rule of PyTorch's and FBGEMM's dynamic quantization). A weight row o keeps its symmetric
+per-channel int8 codes q_o and scale s_o. Then
 
     y_o ≈ s_x s_o Σ_i (q_x,i − z_x) q_o,i = s_x s_o (Σ_i q_x,i q_o,i − z_x Σ_i q_o,i),
 
@@ -24,9 +24,9 @@ perplexity moves by the amount ``benchmarks/quantization.py`` reports for this r
 
 :class:`Int8ActivationLinear` computes this with a small C++ kernel (``csrc/int8_product.h``,
 built with the machine's compiler on first use: :mod:`minillm.native`), the same arithmetic
-in the same order as the readable reference here
-(:meth:`Int8ActivationLinear.reference_product`: integer sums in float64), so the two agree
-bit for bit. PyTorch ships a kernel for the same product (FBGEMM's
+in the same order as the readable reference, the op ``minillm::int8_linear`` written out in
+:mod:`minillm.ops` (:meth:`Int8ActivationLinear.reference_product`: integer sums in
+float64), so the two agree bit for bit. PyTorch ships a kernel for the same product (FBGEMM's
 ``quantized::linear_dynamic``); the tests check our rounding and products against it. We do
 not call it in the decode step because each call costs ~13 µs before it reads a weight,
 longer than a whole product of ours (``docs/benchmarks.md``).
@@ -36,39 +36,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import ops
 from ..linear import CompressedLinear
-from ..native import native_kernels
 from .w4a8 import W4A8Linear
 from .weight_only import WeightOnlyLinear, to_weight_only
-
-UINT8_MAX = 255
-SMALLEST_SCALE = 6.1e-5  # FBGEMM's floor on an activation scale
-
-
-def activation_qparams(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row (scale, zero point) of the asymmetric uint8 grid, [..., 1] each.
-
-    The range always includes 0, so 0 is exact (as zero padding needs). FBGEMM's rule
-    (``ChooseQuantizationParams``): computed in float64; an all-zero row gets scale 0.1; a
-    range narrower than 255 · 6.1e-5 is widened to that, the zero point staying put.
-    """
-    low = x.amin(-1, keepdim=True).clamp(max=0).double()
-    high = x.amax(-1, keepdim=True).clamp(min=0).double()
-    scale = torch.where(high > low, (high - low) / UINT8_MAX, 0.1)
-    zero = (-low / scale).round().clamp(0, UINT8_MAX)
-    return scale.clamp(min=SMALLEST_SCALE).float(), zero.float()
-
-
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes, scale, zero point) of x on its per-row uint8 grid, so x ≈ scale · (codes − zero).
-
-    Multiply by the float32 reciprocal of the scale, add the zero point, then round half to
-    even (FBGEMM's order; its vector code rounds about one value in a million the other way,
-    where the product lands within float error of a tie). Codes are floats.
-    """
-    scale, zero = activation_qparams(x)
-    codes = (x.float() * (1 / scale) + zero).round().clamp(0, UINT8_MAX)
-    return codes, scale, zero
 
 
 class Int8ActivationLinear(CompressedLinear):
@@ -76,7 +47,6 @@ class Int8ActivationLinear(CompressedLinear):
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(codes.shape[1], codes.shape[0], bias)
-        native_kernels()  # minillm::int8_linear
         self.register_buffer("codes", codes)  # int8 [out, in]
         self.register_buffer("scales", scales.float().reshape(-1))  # fp32 [out]
         # Σ_i q_o,i per row, for the zero-point term of the module docstring's equation.
@@ -100,23 +70,13 @@ class Int8ActivationLinear(CompressedLinear):
         return self.codes.float() * self.scales[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.minillm.int8_linear(x.float(), self.codes, self.scales, self.code_sums)
+        y = ops.int8_linear(x.float(), self.codes, self.scales, self.code_sums)
         y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def reference_product(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T the readable way (:func:`int8_linear_reference`)."""
-        return int8_linear_reference(x, self.codes, self.scales, self.code_sums)
-
-
-def int8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                          code_sums: torch.Tensor | None = None) -> torch.Tensor:
-    """``minillm::int8_linear`` written out: the integer sums Σ_i (q_x,i − z_x) q_o,i, exact
-    in float64, then times s_x · s_o in float32, in the kernel's order (so the two agree bit
-    for bit; it is also what runs where the C++ kernels cannot be built)."""
-    x_codes, scale, zero = quantize_activations(x)
-    sums = (x_codes - zero).double() @ codes.double().T
-    return (sums.float() * (scale * scales)).to(x.dtype)
+        """x W^T the readable way (:func:`~minillm.ops.int8_linear_reference`)."""
+        return ops.int8_linear_reference(x, self.codes, self.scales, self.code_sums)
 
 
 def to_int8_activations(model: torch.nn.Module) -> torch.nn.Module:

@@ -15,27 +15,18 @@ turns each group into one integer dot product:
 :class:`W4A8Linear` computes it with minillm's C++ kernel (``csrc/int4_product.h``: per
 group of 32, one dot-product instruction over 32 byte pairs);
 :meth:`W4A8Linear.reference_product` writes it out with the integer sums in float64, and
-the tests hold the kernel to it (float32 rounding of the final sums).
+the tests hold the kernel to it (float32 rounding of the final sums). The op
+``minillm::w4a8_linear``, its reference and the rounding of x
+(:func:`~minillm.ops.quantize_symmetric`) live in :mod:`minillm.ops`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import ops
 from ..linear import CompressedLinear
-from ..native import native_kernels
 from .weight_only import WeightOnlyLinear, unpack_int4_groups
-
-INT8_MAX = 127
-
-
-def quantize_symmetric(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scale) of each row of x on a symmetric int8 grid: x ≈ scale · codes, codes in
-    [−127, 127] (as floats), scale [..., 1]; an all-zero row gets scale 1."""
-    largest = x.float().abs().amax(-1, keepdim=True)
-    scale = torch.where(largest > 0, largest / INT8_MAX, 1.0)
-    codes = (x.float() * (1 / scale)).round().clamp(-INT8_MAX, INT8_MAX)
-    return codes, scale
 
 
 class W4A8Linear(CompressedLinear):
@@ -45,7 +36,6 @@ class W4A8Linear(CompressedLinear):
                  bias: torch.Tensor | None = None):
         groups, half = codes.shape[1], codes.shape[2]
         super().__init__(groups * 2 * half, codes.shape[0], bias)
-        native_kernels()  # minillm::w4a8_linear
         self.group_size = 2 * half
         self.register_buffer("codes", codes)  # uint8 [out, G, g/2], two codes per byte
         self.register_buffer("scales", scales.half())  # fp16 [out, G]
@@ -66,24 +56,10 @@ class W4A8Linear(CompressedLinear):
         return ((codes - self.zeros.float()[..., None]) * self.scales.float()[..., None]).flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.minillm.w4a8_linear(x.float(), self.codes, self.scales, self.zeros)
+        y = ops.w4a8_linear(x.float(), self.codes, self.scales, self.zeros)
         y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def reference_product(self, x: torch.Tensor) -> torch.Tensor:
-        """The module docstring's sums, written out (:func:`w4a8_linear_reference`)."""
-        return w4a8_linear_reference(x, self.codes, self.scales, self.zeros)
-
-
-def w4a8_linear_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                          zeros: torch.Tensor) -> torch.Tensor:
-    """``minillm::w4a8_linear`` written out, S and C exact in float64 (the kernel agrees to
-    float32 rounding; this is also what runs where the C++ kernels cannot be built)."""
-    group = 2 * codes.shape[2]
-    x_codes, scale = quantize_symmetric(x)
-    groups = x_codes.double().unflatten(-1, (-1, group))  # [..., G, g]
-    weights = unpack_int4_groups(codes).double().unflatten(1, (-1, group))
-    sums = torch.einsum("...gi,ogi->...og", groups, weights)  # S [..., out, G]
-    per_group = sums - zeros.double() * groups.sum(-1).unsqueeze(-2)
-    y = scale.double() * (scales.double() * per_group).sum(-1)
-    return y.to(x.dtype)
+        """The module docstring's sums, written out (:func:`~minillm.ops.w4a8_linear_reference`)."""
+        return ops.w4a8_linear_reference(x, self.codes, self.scales, self.zeros)

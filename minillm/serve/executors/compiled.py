@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import ops
 from ...compile import NO_MODULE_GUARDS, MatVecLinear, realize_rules, with_own_code
 from ...linear import CompressedLinear, replace_linears
 from ...model import Transformer
@@ -74,7 +75,7 @@ class DecodeView:
 
     def attend(self, layer: int, q, k, v, mask=None, backend=None) -> torch.Tensor:
         """q [1, heads, seqs, head_dim], k/v [1, kv_heads, seqs, head_dim] -> like q."""
-        out = torch.ops.minillm.paged_decode_attention(
+        out = ops.paged_decode_attention(
             q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), self.keys[layer],
             self.values[layer], self.slots, self.block_tables, self.context_lens)
         return out.transpose(0, 1)[None]
