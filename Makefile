@@ -39,6 +39,7 @@ chromium:  ## headless Chromium for the browser tests, if the machine has none
 # leaves tests/grading and tests/browser out (pyproject.toml), this run puts grading back.
 test: fetch chromium  ## every test CI runs
 	$(BIN)/ruff check minillm kernels tests benchmarks solutions exercises
+	$(BIN)/lint-imports  # the library's layers (pyproject.toml; docs/decisions.md draws them)
 	$(BIN)/python -m minillm.grading.exercises --check
 	$(BIN)/pytest -n 2 --dist loadfile -q --impl=solutions -o "norecursedirs=.* browser" tests
 	$(BIN)/minillm grade --check-honesty --workers 2

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from minillm import Tokenizer, load_model
-from minillm.bench import QUANTIZED, quantized_reference
 from minillm.data import load_text
+from minillm.experiments.decode import QUANTIZED, quantized_reference
 from minillm.quant.int8_activations import to_int8_activations
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
@@ -50,21 +50,22 @@ def engine_rates(model, batch: int, prompt_tokens: int, new_tokens: int,
     """(PP tokens/s, TG tokens/s, the decode executor) of the engine on the batched work."""
     prompts = prompts_of(tokenizer, batch, prompt_tokens)
     blocks = batch * (-(-(prompt_tokens + new_tokens + 1) // 16))
-    llm = LLM(model, num_blocks=blocks, prefix_caching=False,
+    reports = []
+    llm = LLM(model, num_blocks=blocks, prefix_caching=False, on_step=reports.append,
               scheduler=SchedulerConfig(max_batch=batch, chunked_prefill=False,
                                         max_tokens_per_step=batch * prompt_tokens))
     llm.generate(prompts[:1], SamplingParams(max_tokens=2), progress=False)  # warm-up
     params = SamplingParams(max_tokens=new_tokens + 1)  # one from the prompt, then TG
-    seqs = [llm.add_request(prompt, params) for prompt in prompts]
+    ids = [llm.add_request(prompt, params) for prompt in prompts]
     started = time.perf_counter()
     llm.step()  # every prompt, in one step
     prefilled = time.perf_counter()
-    assert all(len(seq.output) == 1 for seq in seqs)
+    assert all(len(llm.outputs[i].tokens) == 1 for i in ids)
     while llm.has_work:
         llm.step()
     done = time.perf_counter()
     return (batch * prompt_tokens / (prefilled - started),
-            batch * new_tokens / (done - prefilled), llm.runner.last_executor)
+            batch * new_tokens / (done - prefilled), reports[-1].executor)
 
 
 def llama_rates(gguf: Path, batches: list[int], prompt_tokens: int, new_tokens: int,

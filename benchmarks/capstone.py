@@ -3,9 +3,9 @@
     python benchmarks/capstone.py                  # the table in docs/benchmarks.md
     python benchmarks/capstone.py --requests 16    # quicker
 
-The trace is :func:`minillm.serve.workload.make_trace` (chat questions and passages to
+The trace is :func:`minillm.experiments.workload.make_trace` (chat questions and passages to
 summarise, long-tailed lengths around ``--median-tokens``), all submitted at once; the rows
-and what each column means are in :mod:`minillm.serve.capstone`.
+and what each column means are in :mod:`minillm.experiments.capstone`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from minillm import Tokenizer, load_model
 from minillm.checkpoint import resolve_checkpoint
 from minillm.data import load_documents
 from minillm.eval import WIKI_EVAL, evaluate
-from minillm.serve.capstone import PLAIN, capstone_rows, format_table
-from minillm.serve.workload import make_trace
+from minillm.experiments.capstone import PLAIN, capstone_rows, format_table
+from minillm.experiments.workload import make_trace
 
 
 def main(argv=None) -> None:

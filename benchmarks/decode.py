@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from minillm.bench import DecodeRow, run_decode_benchmark
+from minillm.experiments.decode import DecodeRow, run_decode_benchmark
 
 PEER_OF = {"minillm fp32, engine, compiled": "F32",
            "minillm fp32, engine, native": "F32",

@@ -9,7 +9,7 @@ batching, prefix caching, native decode steps). The load is the official ``opena
 client's async flavour in a bounded loop: at concurrency C, C clients each send requests
 back to back for ``--seconds``, streaming, with usage: chat questions and passages to
 summarise, already in the chat template (token-id prompts to ``/v1/completions``), with
-long-tailed answer lengths (:func:`minillm.serve.workload.make_trace`).
+long-tailed answer lengths (:func:`minillm.experiments.workload.make_trace`).
 
 Per request: TTFT (send to first text) and TPOT ((last text − first text) / (tokens − 1)).
 The SLO, stated here and in the table: **TTFT ≤ 2 s and TPOT ≤ 250 ms**, per request.
@@ -32,8 +32,8 @@ import openai
 
 from minillm import Tokenizer
 from minillm.data import load_documents
+from minillm.experiments.workload import make_trace
 from minillm.parallel.launch import free_port
-from minillm.serve.workload import make_trace
 
 TTFT_SLO, TPOT_SLO = 2.0, 0.25
 

@@ -3,7 +3,7 @@
     python benchmarks/server.py                      # the table in docs/benchmarks.md
     python benchmarks/server.py --requests 32 --concurrency 8
 
-The trace: ``--requests`` chat prompts of :func:`minillm.serve.workload.make_trace`
+The trace: ``--requests`` chat prompts of :func:`minillm.experiments.workload.make_trace`
 (questions and passages to summarise, long-tailed output lengths), greedy.
 
 * **in-process**: ``LLM.generate`` on every request at once (max batch = concurrency);
@@ -32,9 +32,9 @@ import openai
 
 from minillm import SamplingParams, Tokenizer
 from minillm.data import load_documents
+from minillm.experiments.workload import make_trace
 from minillm.parallel.launch import free_port
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.workload import make_trace
 
 
 def in_process(trace, concurrency: int, tokenizer) -> dict:

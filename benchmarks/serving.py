@@ -29,15 +29,16 @@ import torch
 
 from minillm import SamplingParams, Tokenizer, load_model
 from minillm.data import load_documents
+from minillm.engine.deltas import StepReport
+from minillm.experiments.workload import TraceRequest, make_trace, replay
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve.metrics import Summary, percentiles, summarize
-from minillm.serve.sequence import Sequence
-from minillm.serve.workload import TraceRequest, make_trace, replay
+from minillm.serve.output_processor import CompletionOutput
 
 BLOCK_SIZE = 16
 
 
-def hf_one_at_a_time(hf, trace: list[TraceRequest], stop_tokens) -> list[Sequence]:
+def hf_one_at_a_time(hf, trace: list[TraceRequest], stop_tokens) -> list[CompletionOutput]:
     """The baseline: one request at a time through Hugging Face ``generate`` (a streamer
     records when each token comes), queueing the others."""
     from transformers.generation.streamers import BaseStreamer
@@ -54,7 +55,7 @@ def hf_one_at_a_time(hf, trace: list[TraceRequest], stop_tokens) -> list[Sequenc
         def end(self):
             pass
 
-    start, seqs = time.perf_counter(), []
+    start, samples = time.perf_counter(), []
     for request in trace:
         time.sleep(max(0.0, request.arrival - (time.perf_counter() - start)))
         clock = Clock()
@@ -62,16 +63,17 @@ def hf_one_at_a_time(hf, trace: list[TraceRequest], stop_tokens) -> list[Sequenc
             out = hf.generate(torch.tensor([request.prompt]), max_new_tokens=request.max_tokens,
                               do_sample=False, streamer=clock, eos_token_id=list(stop_tokens),
                               pad_token_id=stop_tokens[0])
-        seq = Sequence(prompt=request.prompt, arrival_time=start + request.arrival)
-        seq.output = out[0, len(request.prompt):].tolist()
-        seq.token_times = clock.times[:len(seq.output)]
-        seqs.append(seq)
-    return seqs
+        tokens = out[0, len(request.prompt):].tolist()
+        samples.append(CompletionOutput(0, tokens, arrival_time=start + request.arrival,
+                                        token_times=clock.times[:len(tokens)]))
+    return samples
 
 
-def engine(model, tokenizer, num_blocks=2048, prefix_caching=True, **config) -> LLM:
+def engine(model, tokenizer, num_blocks=2048, prefix_caching=True, on_step=None,
+           **config) -> LLM:
     return LLM(model, tokenizer=tokenizer, block_size=BLOCK_SIZE, num_blocks=num_blocks,
-               prefix_caching=prefix_caching, scheduler=SchedulerConfig(**config))
+               prefix_caching=prefix_caching, scheduler=SchedulerConfig(**config),
+               on_step=on_step)
 
 
 def row(name: str, s: Summary, base: Summary, same: str) -> str:
@@ -81,8 +83,10 @@ def row(name: str, s: Summary, base: Summary, same: str) -> str:
 
 
 class MemoryProbe:
-    """Counts KV slots before each step of a run. ``tokens``: the running requests' computed
-    tokens, each request counted on its own (what a contiguous cache must hold);
+    """Counts KV slots before each step of a run. It is the engine's ``on_step`` and reads
+    the core's running sequences after each step: their state when the next step begins
+    (none run before the first step or after the last). ``tokens``: the running requests'
+    computed tokens, each request counted on its own (what a contiguous cache must hold);
     ``contiguous``: what a contiguous cache reserves (prompt + max_tokens per request);
     ``paged``: distinct blocks in use x block size; ``filled``: the slots of those blocks
     that hold a token (a block shared by several requests through the prefix cache counts
@@ -92,26 +96,23 @@ class MemoryProbe:
 
     SIZES = (8, 16, 32)
 
-    def __init__(self, llm: LLM):
+    def __init__(self):
         self.tokens = self.contiguous = self.paged = self.filled = 0
         self.rounded = dict.fromkeys(self.SIZES, 0)
-        step = llm.step
+        self.llm: LLM | None = None  # the engine it watches (set once it exists)
 
-        def measured_step():
-            running = llm.scheduler.running
-            self.tokens += sum(seq.num_computed for seq in running)
-            self.contiguous += sum(seq.num_prompt_tokens + seq.max_tokens for seq in running)
-            for size in self.SIZES:
-                self.rounded[size] += sum(-(-seq.num_computed // size) * size for seq in running)
-            fill = {}  # block id: slots holding a token
-            for seq in running:
-                for i, block in enumerate(seq.block_table):
-                    fill[block] = min(BLOCK_SIZE, max(0, seq.num_computed - i * BLOCK_SIZE))
-            self.paged += BLOCK_SIZE * len(fill)
-            self.filled += sum(fill.values())
-            return step()
-
-        llm.step = measured_step
+    def __call__(self, report: StepReport) -> None:
+        running = self.llm.core.scheduler.running  # white-box: the core's live sequences
+        self.tokens += sum(seq.num_computed for seq in running)
+        self.contiguous += sum(seq.num_prompt_tokens + seq.max_tokens for seq in running)
+        for size in self.SIZES:
+            self.rounded[size] += sum(-(-seq.num_computed // size) * size for seq in running)
+        fill = {}  # block id: slots holding a token
+        for seq in running:
+            for i, block in enumerate(seq.block_table):
+                fill[block] = min(BLOCK_SIZE, max(0, seq.num_computed - i * BLOCK_SIZE))
+        self.paged += BLOCK_SIZE * len(fill)
+        self.filled += sum(fill.values())
 
     def table(self) -> str:
         rows = [("contiguous, prompt + max_tokens reserved", self.contiguous, self.tokens),
@@ -139,7 +140,7 @@ def policies_table(model, hf, tokenizer, trace, max_batches: list[int]):
     stop = tokenizer.stop_tokens
     baseline = hf_one_at_a_time(hf, trace, stop)
     base = summarize(baseline)
-    expected = [seq.output for seq in baseline]
+    expected = [sample.tokens for sample in baseline]
     probes = {}
     for max_batch in max_batches:
         print(f"\n## Batching policies: {len(trace)} requests, max batch {max_batch}")
@@ -148,12 +149,13 @@ def policies_table(model, hf, tokenizer, trace, max_batches: list[int]):
         print(row("Hugging Face generate, one request at a time", base, base, "(reference)"))
         throughput = {}
         for name, config in POLICIES.items():
-            llm = engine(model, tokenizer, max_batch=max_batch, **config)
-            if name == "continuous":
-                probes[max_batch] = MemoryProbe(llm)
-            seqs = replay(llm, trace)
-            same = "yes" if [seq.output for seq in seqs] == expected else "NO"
-            summary = summarize(seqs)
+            probe = MemoryProbe() if name == "continuous" else None
+            llm = engine(model, tokenizer, max_batch=max_batch, on_step=probe, **config)
+            if probe is not None:
+                probe.llm, probes[max_batch] = llm, probe
+            samples = replay(llm, trace)
+            same = "yes" if [sample.tokens for sample in samples] == expected else "NO"
+            summary = summarize(samples)
             throughput[name] = summary.throughput
             print(row(name, summary, base, same))
         print(f"continuous / static: {throughput['continuous'] / throughput['static']:.2f}x; "
@@ -175,25 +177,31 @@ def prefix_table(model, tokenizer, system_tokens: int = 512, requests: int = 16)
     print("| prefix caching | prompt tokens computed | TTFT mean (s) | TTFT of hits (s) |"
           "\n|---|---:|---:|---:|")
     for enabled in (False, True):
-        llm = engine(model, tokenizer, prefix_caching=enabled, max_batch=1)
+        reports: list[StepReport] = []
+        llm = engine(model, tokenizer, prefix_caching=enabled, max_batch=1,
+                     on_step=reports.append)
         computed, ttfts = 0, []
         for prompt in prompts:  # one after another: each later request may hit
-            seq = llm.add_request(prompt, SamplingParams(max_tokens=1))
+            request_id = llm.add_request(prompt, SamplingParams(max_tokens=1))
             start = time.perf_counter()
             while llm.has_work:
                 llm.step()
-            computed += seq.num_prompt_tokens - seq.cached_tokens
-            ttfts.append(seq.token_times[0] - start)
+            # its first prompt chunk started after the tokens the prefix cache held
+            cached = next(work.start for report in reports for work in report.work
+                          if work.request_id == request_id)
+            computed += len(prompt) - cached
+            ttfts.append(llm.output(request_id).outputs[0].token_times[0] - start)
         print(f"| {'on' if enabled else 'off'} | {computed} | {np.mean(ttfts):.3f} | "
               f"{np.mean(ttfts[1:]):.3f} |")
 
 
-def gaps_during(decodes: list[Sequence], windows: list[tuple[float, float]]) -> list[float]:
+def gaps_during(decodes: list[CompletionOutput], windows: list[tuple[float, float]]
+                ) -> list[float]:
     """Inter-token gaps of ``decodes`` that overlap any window (start, end): what a user
     watching a stream sees while a long prompt is being prefilled."""
     gaps = []
-    for seq in decodes:
-        times = seq.token_times
+    for sample in decodes:
+        times = sample.token_times
         for before, after in zip(times, times[1:], strict=False):
             if any(after > start and before < end for start, end in windows):
                 gaps.append(after - before)
@@ -204,13 +212,13 @@ def chunked_run(model, tokenizer, mixed, long_length: int, config: dict):
     """One replay of the mixed trace: (ITL percentiles during long prefills, longest gap,
     the run's summary)."""
     llm = engine(model, tokenizer, max_batch=12, **config)
-    seqs = replay(llm, mixed)
-    longs = [seq for seq in seqs if seq.num_prompt_tokens == long_length]
-    decodes = [seq for seq in seqs if seq.num_prompt_tokens != long_length]
+    samples = replay(llm, mixed)  # in trace order
+    longs = [s for s, r in zip(samples, mixed, strict=True) if len(r.prompt) == long_length]
+    decodes = [s for s, r in zip(samples, mixed, strict=True) if len(r.prompt) != long_length]
     during = percentiles(gaps_during(decodes, [(s.arrival_time, s.token_times[0])
                                                for s in longs]))
     longest = max(gaps_during(decodes, [(0.0, float("inf"))]))
-    return during, longest, summarize(seqs)
+    return during, longest, summarize(samples)
 
 
 def chunked_table(model, tokenizer, trace, long_prompt_tokens: int = 1024,

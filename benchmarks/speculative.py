@@ -46,13 +46,8 @@ from minillm import Tokenizer, generate, load_model
 from minillm.draft import draft_cost
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.speculative import (
-    DraftModel,
-    PromptLookup,
-    expected_tokens_per_call,
-    lookup_ngram,
-    speculative_generate,
-)
+from minillm.speculative import PromptLookup, expected_tokens_per_call, lookup_ngram
+from minillm.speculative_generate import DraftModel, speculative_generate
 from minillm.task_prompts import task_prompts
 
 
@@ -84,16 +79,18 @@ def speculate(model, proposer, prompt, new_tokens, gamma, stop):
 
 
 def serve(model, tokenizer, prompts, new_tokens, gamma=0, min_ngram=1, max_batch=1):
-    """Run ``prompts`` through a fresh engine; returns (outputs, engine steps, requests)."""
+    """Run ``prompts`` through a fresh engine; returns (outputs, engine steps, samples:
+    each request's CompletionOutput, with its speculation counts)."""
     config = SchedulerConfig(max_batch=max_batch, speculative_tokens=gamma,
                              drafter=partial(lookup_ngram, min_ngram=min_ngram))
     llm = LLM(model, tokenizer=tokenizer, scheduler=config, num_blocks=256)
-    seqs = [llm.add_request(p, SamplingParams(max_tokens=new_tokens)) for p in prompts]
+    ids = [llm.add_request(p, SamplingParams(max_tokens=new_tokens)) for p in prompts]
     steps = 0
     while llm.has_work:
         llm.step()
         steps += 1
-    return [seq.output for seq in seqs], steps, seqs
+    samples = [llm.output(i).outputs[0] for i in ids]
+    return [sample.tokens for sample in samples], steps, samples
 
 
 def engine_table(args, model, tokenizer) -> None:
@@ -109,10 +106,10 @@ def engine_table(args, model, tokenizer) -> None:
                                              args.new_tokens, max_batch=batch)
         generated = sum(len(out) for out in plain)
         for gamma, n in itertools.product(args.gamma, args.min_ngram):
-            seconds, (outputs, steps, seqs) = timed(args.repeats, serve, model, tokenizer,
-                                                    prompts, args.new_tokens, gamma, n, batch)
-            drafted = sum(s.num_drafted for s in seqs)
-            alpha = sum(s.num_accepted for s in seqs) / drafted if drafted else 0.0
+            seconds, (outputs, steps, samples) = timed(args.repeats, serve, model, tokenizer,
+                                                       prompts, args.new_tokens, gamma, n, batch)
+            drafted = sum(s.drafted for s in samples)
+            alpha = sum(s.accepted for s in samples) / drafted if drafted else 0.0
             same = "yes" if outputs == plain else "NO"
             print(f"| {name} | {kind} | {n} | {gamma} | {alpha:.2f} | "
                   f"{generated / steps:.2f} | {plain_seconds / seconds:.2f}x | "

@@ -21,9 +21,11 @@ import time
 import torch
 
 from minillm import Tokenizer, load_model
-from minillm.bench import QUANTIZED, quantized_reference, weight_bytes_per_token
 from minillm.data import load_text
+from minillm.engine.deltas import StepReport
+from minillm.experiments.decode import QUANTIZED, quantized_reference
 from minillm.quant.int8_activations import to_int8_activations
+from minillm.quant.qlinear import weight_bytes_per_token
 from minillm.roofline import Roofline, forward_flops
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
@@ -31,20 +33,23 @@ from minillm.serve import LLM, SchedulerConfig
 PROMPT_TOKENS, WARM_TOKENS, TIMED_STEPS = 128, 16, 20
 
 
-def step_times(llm: LLM, prompts: list[list[int]]) -> tuple[float, float]:
-    """Median (forward, whole step) seconds of decode steps of ``len(prompts)`` sequences."""
+def step_times(llm: LLM, reports: list[StepReport], prompts: list[list[int]]
+               ) -> tuple[float, float]:
+    """Median (forward, whole step) seconds of decode steps of ``len(prompts)`` sequences
+    (``reports``: the engine's step reports, as its ``on_step`` appends them)."""
     params = SamplingParams(max_tokens=WARM_TOKENS + TIMED_STEPS + 2)
-    seqs = [llm.add_request(prompt, params) for prompt in prompts]
-    while min(len(seq.output) for seq in seqs) < WARM_TOKENS:
+    ids = [llm.add_request(prompt, params) for prompt in prompts]
+    while min(len(llm.outputs[i].tokens) for i in ids) < WARM_TOKENS:
         llm.step()
     forward, whole = [], []
     for _ in range(TIMED_STEPS):
         started = time.perf_counter()
         llm.step()
         whole.append(time.perf_counter() - started)
-        forward.append(llm.runner.last_forward_seconds)
-    for seq in seqs:
-        llm.abort(seq)
+        forward.append(reports[-1].forward_seconds)
+    for request_id in ids:
+        llm.abort(request_id)
+        llm.output(request_id)
     return statistics.median(forward), statistics.median(whole)
 
 
@@ -73,12 +78,14 @@ def main(argv=None) -> None:
           "| % of roofline |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for executor in args.executors:
+        reports: list[StepReport] = []
         llm = LLM(model, num_blocks=max(args.batches) * 12, prefix_caching=False,
-                  executor=executor, scheduler=SchedulerConfig(max_batch=max(args.batches)))
+                  executor=executor, scheduler=SchedulerConfig(max_batch=max(args.batches)),
+                  on_step=reports.append)
         for batch in args.batches:
             if executor == "compiled":
-                step_times(llm, prompts[:batch])  # compiles this batch's bucket
-            forward, whole = step_times(llm, prompts[:batch])
+                step_times(llm, reports, prompts[:batch])  # compiles this batch's bucket
+            forward, whole = step_times(llm, reports, prompts[:batch])
             context = PROMPT_TOKENS + WARM_TOKENS
             bound = roofline.time(
                 forward_flops(model.config, 1, batch, past_tokens=context),

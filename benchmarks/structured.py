@@ -2,6 +2,7 @@
 
     python benchmarks/structured.py              # ~3 minutes on 2 cores
     python benchmarks/structured.py --busy-ok    # on a busy machine too (not for the record)
+    python benchmarks/structured.py --busy-ok --max-tokens 8    # a quick check that it runs
 
 SmolLM2 answers chat requests that ask for a city as JSON, greedy, through the engine
 (``LLM("smollm2")``, its default executors):
@@ -35,6 +36,7 @@ import time
 import torch
 
 from minillm import SamplingParams, Tokenizer
+from minillm.engine.deltas import StepReport
 from minillm.machine import describe, quiet_problem
 from minillm.serve import LLM, SchedulerConfig
 from minillm.structured import Choice, JsonObject, JsonSchema, Regex
@@ -67,19 +69,26 @@ def prompts(tokenizer: Tokenizer) -> list[list[int]]:
                                   "population and three landmarks.") for city in CITIES]
 
 
-def run(llm: LLM, prompts: list[list[int]], params: SamplingParams, concurrent: bool):
+def engine(**options) -> tuple[LLM, list[StepReport]]:
+    """SmolLM2's engine with ``options``, and the list its ``on_step`` fills with every
+    step's report (:func:`run` empties it first)."""
+    reports: list[StepReport] = []
+    return LLM("smollm2", on_step=reports.append, **options), reports
+
+
+def run(llm: LLM, reports: list[StepReport], prompts: list[list[int]],
+        params: SamplingParams, concurrent: bool):
     """Wall seconds, outputs, and the engine's steps: all at once, or one at a time."""
-    steps = []
-    llm.on_step = steps.append
+    reports.clear()
     start = time.perf_counter()
     if concurrent:
         outputs = llm.generate(prompts, params, progress=False)
     else:
         outputs = [llm.generate([p], params, progress=False)[0] for p in prompts]
-    return time.perf_counter() - start, outputs, steps
+    return time.perf_counter() - start, outputs, list(reports)
 
 
-def full_step_rate(steps: list, rows: int) -> float:
+def full_step_rate(steps: list[StepReport], rows: int) -> float:
     """Tokens per second of the decode steps that carry ``rows`` sequences (one token each;
     with jump-forward off, every decode computes one token per sequence)."""
     full = [s for s in steps if len(s.work) == rows and s.num_tokens == rows]
@@ -89,8 +98,9 @@ def full_step_rate(steps: list, rows: int) -> float:
 def mask_micros(llm: LLM, outputs, rows: int) -> float:
     """µs per step of masking ``rows`` logits rows and accepting each row's token,
     replaying the constrained outputs (what the sampler does for them)."""
-    compiled = llm.structured.compiled[JsonSchema.of(CITY)]
-    matchers = [llm.structured.backend.matcher(compiled) for _ in range(rows)]
+    structured = llm.core.runner.sampler.structured  # the engine's compiled constraints
+    compiled = structured.compiled[JsonSchema.of(CITY)]
+    matchers = [structured.backend.matcher(compiled) for _ in range(rows)]
     tokens = [outputs[i % len(outputs)].tokens for i in range(rows)]
     logits = torch.zeros(rows, llm.model.config.vocab_size)
     seconds, steps = 0.0, min(map(len, tokens))
@@ -119,24 +129,26 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy-ok", action="store_true",
                         help="run on a busy machine too (the times are then not for the record)")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                        help="tokens per answer (fewer: a quick check, not the table)")
     args = parser.parse_args(argv)
     if not args.busy_ok and (problem := quiet_problem()) is not None:
         sys.exit(f"{problem}; wait for a quiet machine or pass --busy-ok")
     torch.set_num_threads(2)
     tokenizer = Tokenizer("smollm2")
     asks = prompts(tokenizer)
-    plain = SamplingParams(max_tokens=MAX_TOKENS)
-    constrained = SamplingParams(max_tokens=MAX_TOKENS, structured=JsonSchema.of(CITY))
-    llm = LLM("smollm2", num_blocks=512, scheduler=SchedulerConfig(max_batch=16))
+    plain = SamplingParams(max_tokens=args.max_tokens)
+    constrained = SamplingParams(max_tokens=args.max_tokens, structured=JsonSchema.of(CITY))
+    llm, reports = engine(num_blocks=512, scheduler=SchedulerConfig(max_batch=16))
     llm.generate(asks[:2], constrained, progress=False)  # warm-up: executors, the grammar
     print(describe(), "quiet machine" if not args.busy_ok else "busy: NOT for the record")
-    print(f"SmolLM2, greedy, up to {MAX_TOKENS} tokens, {len(asks)} chat requests for a "
+    print(f"SmolLM2, greedy, up to {args.max_tokens} tokens, {len(asks)} chat requests for a "
           "city as JSON")
     print("| batch | run | tokens/s | mean tokens | steps | vs plain | full steps | vs plain |")
     results = {}
     for label, concurrent, requests in (("1", False, asks[:4]), ("16", True, asks)):
         for name, params in (("plain", plain), ("JSON schema", constrained)):
-            seconds, outputs, steps = run(llm, requests, params, concurrent)
+            seconds, outputs, steps = run(llm, reports, requests, params, concurrent)
             tokens = sum(len(o.tokens) for o in outputs)
             full = full_step_rate(steps, 1 if label == "1" else len(requests))
             results[label, name] = tokens / seconds, full, outputs
@@ -151,10 +163,10 @@ def main(argv=None) -> None:
     print("Jump-forward, 16 concurrent requests:")
     print("| jump-forward | steps | output tokens | forced tokens | valid JSON |")
     for jump in (False, True):
-        engine = LLM("smollm2", num_blocks=512, scheduler=SchedulerConfig(max_batch=16),
-                     jump_forward=jump)
-        seconds, outputs, steps = run(engine, asks, constrained, True)
-        forced = sum(s.num_forced for s in engine.requests.values())
+        jumping, jump_reports = engine(num_blocks=512, scheduler=SchedulerConfig(max_batch=16),
+                                       jump_forward=jump)
+        seconds, outputs, steps = run(jumping, jump_reports, asks, constrained, True)
+        forced = sum(sample.forced for o in outputs for sample in o.outputs)
         valid = sum(o.finish_reason == "stop" for o in outputs)
         print(f"| {'on' if jump else 'off'} | {len(steps)} | "
               f"{sum(len(o.tokens) for o in outputs)}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minillm.serve.block_manager import OutOfBlocks, chain_hash
+from minillm.engine.block_manager import OutOfBlocks, chain_hash
 
 
 @dataclass

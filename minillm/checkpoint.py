@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from .assets import COURSE_MODEL_NAME, AssetError, fetch_course_model
 from .config import ModelConfig
@@ -22,8 +23,6 @@ from .weights import load_state_dict, load_weights, minillm_to_hf_name
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
     """Write ``model`` as a Hugging Face Llama checkpoint (config.json + model.safetensors)."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {minillm_to_hf_name(k): v.detach().contiguous()
@@ -54,7 +53,7 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
 
 
 def _download_from_hub(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # optional: only for a hub id
 
     try:
         return Path(snapshot_download(

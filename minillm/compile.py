@@ -1,6 +1,6 @@
 """What a compiled decode step is made of: the formulation Inductor turns into fast loops.
 
-The engine's compiled executor (:mod:`minillm.serve.executors.compiled`) runs decode steps
+The engine's compiled executor (:mod:`minillm.engine.executors.compiled`) runs decode steps
 through ``torch.compile`` graphs; this module holds the choices that make those graphs
 fast on a CPU, each a transformation of the plain model or an Inductor setting:
 

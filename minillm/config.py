@@ -59,6 +59,14 @@ class ModelConfig:
                 f"model_type {hf.get('model_type')!r} is not a Llama-family decoder; "
                 "minillm loads Llama-architecture checkpoints (Llama, SmolLM, Mistral)."
             )
+        window = hf.get("sliding_window")
+        if window is not None and window < hf.get("max_position_embeddings", 2048):
+            raise ValueError(
+                f"this config has sliding_window={window}: its attention sees only the last "
+                f"{window} tokens, which minillm's engine does not implement yet (Mistral's "
+                "and Gemma's windows arrive with the model-families work); it would silently "
+                "differ from the model past the window. Use a checkpoint without a window, "
+                "or set sliding_window to null only if the model was trained without one.")
         rope = dict(hf.get("rope_parameters") or {})
         rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = hf.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}

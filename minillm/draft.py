@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .model import Transformer
+from .quant.qlinear import weight_bytes_per_token
 
 
 def layer_dropped(model: Transformer, keep: Sequence[int]) -> Transformer:
@@ -71,6 +72,4 @@ def reduce_head(model: Transformer, vocab: torch.Tensor) -> Transformer:
 def draft_cost(draft: Transformer, target: Transformer) -> float:
     """Bytes a draft step reads / bytes a target step reads (the embedding table is read
     one row per step unless it is the head)."""
-    from .bench import weight_bytes_per_token
-
     return weight_bytes_per_token(draft) / weight_bytes_per_token(target)

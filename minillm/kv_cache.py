@@ -12,7 +12,7 @@ These caches share one interface, used by :class:`minillm.model.Transformer`:
 * ``attend(layer, q, k, v, mask, backend)``: store the new tokens' K/V for one layer
   (``update``) and compute the queries' attention over every key they may see — the one
   call a model layer makes, which the serving engine's paged cache
-  (:mod:`minillm.serve.paged_cache`) implements too;
+  (:mod:`minillm.engine.paged_cache`) implements too;
 * ``advance(n_new)``: after all layers ran, count the new tokens as stored;
 * ``rewind(n)`` (contiguous caches): forget the last ``n`` stored steps (speculative
   decoding's rejected tokens).

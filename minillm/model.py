@@ -192,7 +192,7 @@ class Transformer(nn.Module):
 
         token_ids, positions: [tokens], each token's id and its position in its sequence.
         cache: the paged pool bound to this pass's metadata
-            (:class:`~minillm.serve.paged_cache.PagedAttention`, or a decode executor's
+            (:class:`~minillm.engine.paged_cache.PagedAttention`, or a decode executor's
             view), which says which tokens belong to which sequence (no mask is built).
         logits_at: the rows whose logits are wanted (each sequence's last token; None: all)
             -> [rows, vocab].

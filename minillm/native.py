@@ -12,7 +12,7 @@ Four pieces, measured against what PyTorch offers (``docs/benchmarks.md``):
   these three are torch ops (schemas, shapes and Python references: :mod:`minillm.ops`);
   loading the library registers their CPU kernels, which then run instead of the references;
 * ``DecodeLayers`` (``decode_layers.cpp``): a whole decode step through every block, for
-  the native executor (:mod:`minillm.serve.executors.native`).
+  the native executor (:mod:`minillm.engine.executors.native`).
 
 PyTorch's extension loader compiles them with the machine's C++ compiler (g++ and ninja)
 for the CPU it runs on (``-march=native``: AVX-512 VNNI, or the 256-bit AVX-VNNI, where

@@ -127,7 +127,8 @@ def forward_flops(config: ModelConfig, new_tokens: int, batch_size: int = 1,
 
 def weight_bytes(config: ModelConfig, bytes_per_value: int = 4) -> int:
     """Bytes of weights one forward pass reads: all of them, except an untied embedding table
-    (of which a pass reads only a few rows). Equals :func:`minillm.bench.weight_bytes_per_token`."""
+    (of which a pass reads only a few rows). Equals
+    :func:`minillm.quant.qlinear.weight_bytes_per_token` for a float model."""
     params = config.num_parameters()
     if not config.tie_word_embeddings:
         params -= config.vocab_size * config.hidden_size

@@ -43,11 +43,19 @@ import torch
 from .structured.spec import StructuredOutput
 
 # A seed is a signed 64-bit integer (OpenAI's `seed`); sample i of a request draws with
-# seed + i, which a torch.Generator still takes (it accepts -2**63 .. 2**64 - 1).
+# seed + i, wrapped around into the same range (:func:`sample_seed`).
 SEED_RANGE = (-2**63, 2**63 - 1)
 MAX_LOGPROBS = 20  # alternatives recorded per token, at most (OpenAI's top_logprobs limit)
 MAX_LOGIT_BIAS = 100  # |b_j| <= 100 (OpenAI's range)
 MAX_PENALTY = 2  # |α_presence|, |α_frequency| <= 2 (OpenAI's range)
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a request seeded with ``seed``: seed + index,
+    wrapped around within :data:`SEED_RANGE` (so a request for n samples seeded near the
+    top of the range is served, each sample still equal to a lone request with its seed)."""
+    low, high = SEED_RANGE
+    return (seed + index - low) % (high - low + 1) + low
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,9 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16  # the serving engine's limit per request (generate() has its own)
     stop_token_ids: tuple[int, ...] = ()  # the engine also stops on these
+    stop: tuple[str, ...] = ()  # the output ends before the first of these strings (a str or
+    # a list is accepted); the output processor finds them, across tokens
+    include_stop_str_in_output: bool = False  # ... or ends after it, keeping it (vLLM's)
     n: int = 1  # the engine's samples per prompt (forks sharing the prompt's KV blocks)
     logprobs: int | None = None  # the engine records each token's log-probability and the
     # top `logprobs` alternatives (None: nothing recorded)
@@ -73,6 +84,11 @@ class SamplingParams:
     def __post_init__(self):
         # sorted pairs whatever was given, so equal biases give equal (and hashable) params
         object.__setattr__(self, "logit_bias", _logit_bias_pairs(self.logit_bias))
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(stop, str) and stop for stop in stops):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got "
+                             f"{self.stop!r}")
+        object.__setattr__(self, "stop", stops)
         for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty",
                      "frequency_penalty", "min_p"):
             if not math.isfinite(getattr(self, name)):

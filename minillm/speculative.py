@@ -20,23 +20,21 @@ turns the target's and the draft's logits into p and q. After each check only th
 accepted guesses count as computed in the target's KV cache, and the draft's keeps what
 of its guesses survived.
 
-:func:`speculative_generate` is the serving engine with speculation, for one request: the
-guesses come from prompt lookup (:class:`PromptLookup`) or a draft model
-(:class:`DraftModel`, run inside the engine with its own paged cache:
-:mod:`minillm.serve.proposers`), and the engine's runner checks them with
-:func:`check_drafts`.
+This module is the math: distributions, rejection sampling, greedy verification, prompt
+lookup and the expected gain. The engine runs it (:mod:`minillm.engine.proposers` guess,
+its sampler checks with :func:`check_drafts`), and
+:func:`minillm.speculative_generate.speculative_generate` is the engine with speculation
+for one request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .model import Transformer
-from .reference import check_request
 from .sampling import SamplingParams, process_logits
 
 
@@ -93,15 +91,6 @@ def verify_greedy(choices: list[int], draft: list[int]) -> tuple[int, int]:
     return accepted, choices[accepted]
 
 
-@dataclass(frozen=True)
-class DraftModel:
-    """A smaller model as the draft (it must share the target's tokenizer): it guesses
-    with the request's own sampling parameters, inside the engine
-    (:mod:`minillm.serve.proposers`)."""
-
-    model: Transformer
-
-
 def lookup_ngram(tokens: Sequence[int], gamma: int, max_ngram: int = 3,
                  min_ngram: int = 1) -> list[int]:
     """Prompt lookup decoding (Saxena 2023): find the latest earlier occurrence of the
@@ -136,72 +125,6 @@ class PromptLookup:
         return lookup_ngram(tokens, gamma, self.max_ngram, self.min_ngram)
 
 
-@dataclass
-class SpeculativeStats:
-    """The target's passes after the prompt (each checks that step's guesses), the guesses
-    made and accepted, and the tokens those passes gave (every pass gives the accepted
-    guesses plus one: ``tokens_per_call`` is 1 without speculation)."""
-
-    target_calls: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    accepted_per_call: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_call(self) -> float:
-        return self.emitted / self.target_calls if self.target_calls else 0.0
-
-
-def speculative_generate(target: Transformer, proposer: DraftModel | PromptLookup,
-                         prompt: Sequence[int], max_new_tokens: int,
-                         params: SamplingParams = SamplingParams(), *, gamma: int = 4,
-                         stop_tokens: Sequence[int] = (),
-                         verifier=None) -> tuple[list[int], SpeculativeStats]:
-    """Generate up to ``max_new_tokens`` after ``prompt`` with ``proposer`` guessing up to
-    ``gamma`` tokens per target pass: the serving engine with speculation
-    (``SchedulerConfig(speculative_tokens=gamma)``, :mod:`minillm.serve`), one request.
-    Returns the new tokens (as plain sampling from the target would distribute them;
-    greedy: the very same tokens) and the acceptance statistics of the target's passes
-    after the prompt. Greedy requests are verified by comparing tokens
-    (:func:`verify_greedy`), sampled ones by rejection sampling (:func:`verify`). A
-    ``verifier`` with :func:`verify`'s signature replaces both (greedy then goes through
-    one-hot distributions; chapter 11 passes the learner's)."""
-    from .serve import LLM, SchedulerConfig
-
-    if params.uses_history:
-        raise ValueError("speculative decoding here supports temperature, top-k, top-p, "
-                         "min-p and logit_bias; a repetition penalty (or a presence or "
-                         "frequency penalty) makes p depend on the draft's tokens")
-    if gamma < 1:
-        raise ValueError(f"gamma must be at least 1, got {gamma}")
-    tokens = [int(t) for t in prompt]
-    check_request(target, [tokens], max_new_tokens, 0)
-    drafter = proposer.drafter if isinstance(proposer, PromptLookup) else lookup_ngram
-    draft_model = proposer.model if isinstance(proposer, DraftModel) else None
-    llm = LLM(target, block_size=16, num_blocks=-(-(len(tokens) + max_new_tokens + gamma) // 16),
-              prefix_caching=False, draft_model=draft_model, verifier=verifier,
-              scheduler=SchedulerConfig(max_batch=1, speculative_tokens=gamma, drafter=drafter))
-    seq = llm.add_request(tokens, replace(params, max_tokens=max_new_tokens,
-                                          stop_token_ids=tuple(stop_tokens)))
-    stats = SpeculativeStats()
-    while llm.has_work:
-        verifying, accepted = not seq.in_prefill, seq.num_accepted
-        llm.step()
-        if verifying:  # a pass after the prompt: it checked this step's guesses
-            stats.target_calls += 1
-            stats.accepted_per_call.append(seq.num_accepted - accepted)
-    if seq.error is not None:
-        raise RuntimeError(seq.error)
-    stats.drafted, stats.accepted = seq.num_drafted, seq.num_accepted
-    stats.emitted = len(seq.output) - 1  # the first token came from the prompt's pass
-    return list(seq.output), stats
-
-
 def check_drafts(logits: torch.Tensor, drafted: list[int], q: torch.Tensor | None,
                  params: SamplingParams, generator: torch.Generator | None,
                  verifier=None) -> tuple[int, int]:
@@ -209,8 +132,8 @@ def check_drafts(logits: torch.Tensor, drafted: list[int], q: torch.Tensor | Non
     its logits [len(drafted) + 1, vocab] at the newest verified token and at each guess.
     Greedy requests compare tokens (:func:`verify_greedy`); sampled ones go through
     rejection sampling (``verifier``, by default :func:`verify`) against the draft's
-    probabilities ``q`` [len(drafted), vocab]. Both :func:`speculative_generate` and the
-    serving engine's runner check their drafts here."""
+    probabilities ``q`` [len(drafted), vocab]. The engine's sampler checks every
+    speculating decode's guesses here."""
     if params.greedy and verifier is None:
         return verify_greedy(process_logits(logits, params).argmax(-1).tolist(), drafted)
     p = probabilities(logits, params)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoint import load_model
+from .checkpoint import load_model, resolve_checkpoint, save_model
 from .config import ModelConfig
 from .model import Transformer
+from .quant.checkpoint import copy_tokenizer_files
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -26,7 +27,7 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
 
 def make_hf_llama(config: ModelConfig, seed: int = 0):
     """A randomly initialised transformers LlamaForCausalLM in fp32 for this config."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # heavy: only for parity models
 
     torch.manual_seed(seed)
     hf_config = LlamaConfig(**config.to_hf())
@@ -63,9 +64,6 @@ def saved_varied_model(directory, **overrides) -> str:
     fields) saved in ``directory``, with SmolLM2's tokenizer files beside it (the engine,
     the server and the tensor-parallel workers load a checkpoint by path, tokenizer
     included); returns the path."""
-    from .checkpoint import resolve_checkpoint, save_model
-    from .quant.checkpoint import copy_tokenizer_files
-
     save_model(varied_random_model(ModelConfig(**{**TINY, **overrides})), directory)
     copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)
     return str(directory)

@@ -17,7 +17,7 @@ from .checkpoint import resolve_checkpoint
 
 class Tokenizer:
     def __init__(self, name_or_path: str | Path = "smollm2"):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: loaded when a tokenizer is made
 
         directory = resolve_checkpoint(name_or_path)
         if not (directory / "tokenizer.json").exists() and \

@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minillm.serve.block_manager import BlockManager, OutOfBlocks, chain_hash
-from minillm.serve.sequence import Sequence
+from minillm.engine.block_manager import BlockManager, OutOfBlocks, chain_hash
+from minillm.engine.sequence import Sequence
 
 
 def compute(manager: BlockManager, seq: Sequence, n: int) -> list[tuple[int, int]]:
@@ -66,7 +66,7 @@ def test_a_hash_collision_is_not_a_hit(monkeypatch):
     first = Sequence(prompt=[1, 2, 3])
     manager.start(first)
     compute(manager, first, 3)
-    import minillm.serve.block_manager as module
+    import minillm.engine.block_manager as module
 
     monkeypatch.setattr(module, "chain_hash", lambda parent, ids: chain_hash(None, (1, 2)))
     other = Sequence(prompt=[5, 6, 7])  # its first block "collides" with first's

@@ -1,4 +1,4 @@
-"""The capstone's rows (minillm.serve.capstone) on a tiny random model: the engine rows give
+"""The capstone's rows (minillm.experiments.capstone) on a tiny random model: the engine rows give
 plain greedy decoding's tokens, the W8A8 row its own model's, and the memory columns count
 what they say."""
 
@@ -10,11 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from minillm.config import ModelConfig
-from minillm.kv_cache import kv_cache_bytes
-from minillm.quant.int8_activations import Int8ActivationLinear
-from minillm.reference import generate  # the oracle: the course's dense loop
-from minillm.serve import SchedulerConfig
-from minillm.serve.capstone import (
+from minillm.experiments.capstone import (
     engine_row,
     equal_to,
     format_table,
@@ -22,7 +18,11 @@ from minillm.serve.capstone import (
     one_at_a_time,
     w8a8_model,
 )
-from minillm.serve.workload import TraceRequest
+from minillm.experiments.workload import TraceRequest
+from minillm.kv_cache import kv_cache_bytes
+from minillm.quant.int8_activations import Int8ActivationLinear
+from minillm.reference import generate  # the oracle: the course's dense loop
+from minillm.serve import SchedulerConfig
 from minillm.testing import TINY, varied_random_model
 
 STOP = [3]

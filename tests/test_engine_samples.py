@@ -8,10 +8,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from engine_driving import preempt_at_random, sequence_of
 
 from minillm.attention.paged import gather_kv
 from minillm.reference import generate  # the oracle: the course's dense loop
-from minillm.sampling import SamplingParams
+from minillm.sampling import SEED_RANGE, SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.testing import tiny_pair
 
@@ -27,13 +28,16 @@ def alone(model, prompt, params: SamplingParams) -> list[int]:
     return generate(model, prompt, params.max_tokens, params)[0]
 
 
-def engine(model, num_blocks=64, **config) -> LLM:
-    return LLM(model, block_size=4, num_blocks=num_blocks, scheduler=SchedulerConfig(**config))
+def engine(model, num_blocks=64, random_preemption=None, **config) -> LLM:
+    """An engine with blocks of 4; ``random_preemption=(chance, seed)`` preempts a running
+    sequence at random before each step."""
+    llm = LLM(model, block_size=4, num_blocks=num_blocks, scheduler=SchedulerConfig(**config))
+    return llm if random_preemption is None else preempt_at_random(llm, *random_preemption)
 
 
 def cached_kv(llm: LLM, seq) -> torch.Tensor:
     """The keys and values the pool holds for ``seq``'s computed tokens, every layer."""
-    cache, table = llm.runner.cache, torch.tensor([seq.block_table])
+    cache, table = llm.core.runner.cache, torch.tensor([seq.block_table])
     return torch.stack([gather_kv(pool, table)[0, :, :seq.num_computed]
                         for pool in (*cache.keys, *cache.values)])
 
@@ -43,8 +47,8 @@ CONFIGS = {
     "chunked prefill": dict(max_batch=8, max_tokens_per_step=8),
     "whole prefills": dict(max_batch=6, chunked_prefill=False),
     "static": dict(policy="static", max_batch=6),
-    "random preemption": dict(max_batch=8, max_tokens_per_step=16, random_preemption=0.3,
-                              seed=2),
+    "random preemption": dict(max_batch=8, max_tokens_per_step=16,
+                              random_preemption=(0.3, 2)),
     "short pool": dict(max_batch=8, max_tokens_per_step=64, num_blocks=20),
 }
 
@@ -70,8 +74,8 @@ def test_sample_i_equals_a_single_request_seeded_seed_plus_i(tiny, config):
 def test_samples_share_the_prompt_blocks_and_copy_the_one_they_write(tiny):
     llm = engine(tiny, max_batch=4)
     prompt = list(range(100, 110))  # blocks of 4: two full, one holding 2 tokens
-    parent = llm.add_request(prompt, SamplingParams(temperature=1.0, seed=0, max_tokens=5,
-                                                    n=3))
+    parent = sequence_of(llm, llm.add_request(
+        prompt, SamplingParams(temperature=1.0, seed=0, max_tokens=5, n=3)))
     llm.step()  # the prompt: then the three samples fork
     samples = [parent, *parent.samples]
     assert all(s.block_table == parent.block_table for s in samples)
@@ -84,7 +88,8 @@ def test_samples_share_the_prompt_blocks_and_copy_the_one_they_write(tiny):
     llm.step()
     for i, sample in enumerate(samples):  # each sample's cache is what it would be alone
         lone = engine(tiny)
-        seq = lone.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=5))
+        seq = sequence_of(lone, lone.add_request(
+            prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=5)))
         for _ in range(3):
             lone.step()
         assert sample.tokens == seq.tokens
@@ -107,14 +112,18 @@ def test_aborting_a_request_aborts_its_samples_and_frees_their_blocks(tiny):
     llm = engine(tiny)
     keep = llm.add_request(PROMPTS[0], SamplingParams(max_tokens=8))
     drop = llm.add_request(PROMPTS[2], SamplingParams(temperature=1.0, max_tokens=8, n=3))
+    dropped = sequence_of(llm, drop)
     llm.step()
     llm.step()
-    assert all(s.block_table for s in drop.samples)  # forked and running
+    assert all(s.block_table for s in dropped.samples)  # forked and running
     llm.abort(drop)
-    assert {s.finish_reason.value for s in (drop, *drop.samples)} == {"abort"}
+    samples = (dropped, *dropped.samples)
+    assert {s.finish_reason.value for s in samples} == {"abort"}
+    assert not any(s.block_table for s in samples)
+    assert {s.finish_reason for s in llm.output(drop).outputs} == {"abort"}
     while llm.has_work:
         llm.step()
-    assert keep.output == alone(tiny, PROMPTS[0], SamplingParams(max_tokens=8))
+    assert llm.output(keep).tokens == alone(tiny, PROMPTS[0], SamplingParams(max_tokens=8))
     assert llm.free_blocks() == 64
 
 
@@ -132,6 +141,19 @@ def test_bad_sample_counts_are_clear_errors(tiny):
         next(llm.stream(PROMPTS[0], SamplingParams(n=2)))
     with pytest.raises(ValueError, match="serving engine"):
         generate(tiny, PROMPTS[0], 4, SamplingParams(n=2))
+
+
+
+def test_samples_of_a_seed_at_the_top_of_its_range_wrap_around(tiny):
+    """Sample i draws with seed + i wrapped into the 64-bit range: the last seed's second
+    sample is the first seed's lone request."""
+    llm = engine(tiny)
+    params = SamplingParams(temperature=1.0, seed=SEED_RANGE[1], max_tokens=4, n=2)
+    out = llm.generate([PROMPTS[0]], params, progress=False)[0]
+    lone = engine(tiny).generate([PROMPTS[0]], replace(params, seed=SEED_RANGE[0], n=1),
+                                 progress=False)[0]
+    assert out.error is None and out.outputs[1].tokens == lone.tokens
+    assert llm.free_blocks() == 64
 
 
 @pytest.mark.smollm2

@@ -1,7 +1,8 @@
 """The engine under random sequences of add / abort / step with random sampling parameters
 (Hypothesis's stateful testing): after every operation the free and used KV blocks add up
-to the pool and no finished request holds a block; every greedy request that ran to its
-end got exactly the tokens ``generate`` gives it alone; at the end every block is free."""
+to the pool and no finished request holds a block; every client output is what the core's
+sequences hold; every greedy request that ran to its end got exactly the tokens
+``generate`` gives it alone; at the end every block is free."""
 
 from __future__ import annotations
 
@@ -47,18 +48,21 @@ class EngineStates(RuleBasedStateMachine):
         super().__init__()
         self.llm = LLM(MODEL, block_size=4, num_blocks=POOL, scheduler=SchedulerConfig(
             max_batch=4, max_tokens_per_step=16, speculative_tokens=2))
-        self.requests = []  # (sequence, its parameters)
+        self.requests = []  # (request id, the core's sequence, its parameters)
 
     @rule(prompt=prompts, options=sampling)
     def add(self, prompt, options):
         params = SamplingParams(**options)
-        self.requests.append((self.llm.add_request(prompt, params), params))
+        request = self.llm.add_request(prompt, params)
+        seq = self.llm.core.requests.get(request)  # the core forgets it once it is done
+        assert seq is not None, self.llm.outputs[request].error  # every request fits
+        self.requests.append((request, seq, params))
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
     def abort(self, data):
-        seq, _ = data.draw(st.sampled_from(self.requests))
-        self.llm.abort(seq)
+        request, _, _ = data.draw(st.sampled_from(self.requests))
+        self.llm.abort(request)
 
     @rule(steps=st.integers(1, 4))
     def step(self, steps):
@@ -73,13 +77,22 @@ class EngineStates(RuleBasedStateMachine):
 
     @invariant()
     def finished_requests_hold_no_blocks(self):
-        for seq, _ in self.requests:
+        for _, seq, _ in self.requests:
             for sample in (seq, *seq.samples):
                 assert not (sample.finished and sample.block_table)
 
     @invariant()
+    def outputs_are_what_the_core_holds(self):
+        for request, seq, _ in self.requests:
+            output = self.llm.outputs[request]
+            for sample, completion in zip((seq, *seq.samples), output.outputs, strict=True):
+                assert completion.tokens == sample.output
+                reason = sample.finish_reason and sample.finish_reason.value
+                assert completion.finish_reason == reason
+
+    @invariant()
     def greedy_requests_get_what_they_get_alone(self):
-        for seq, params in self.requests:
+        for _, seq, params in self.requests:
             for sample in (seq, *seq.samples):
                 if params.greedy and sample.finish_reason is not None and \
                         sample.finish_reason.value in ("stop", "length"):

@@ -11,16 +11,20 @@ import copy
 
 import pytest
 import torch
+from engine_driving import preempt_at_random, sequence_of
 
 from minillm import reference
 from minillm.config import ModelConfig
+from minillm.engine.deltas import StepReport
+from minillm.engine.executors import auto_executor
+from minillm.engine.executors.compiled import BUCKETS
+from minillm.engine.proposers import PromptLookupProposer
+from minillm.engine.sampler import Sampled
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.int8_activations import to_int8_activations
 from minillm.quant.weight_only import to_weight_only
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.executors import auto_executor
-from minillm.serve.executors.compiled import BUCKETS
 from minillm.testing import TINY, varied_random_model
 
 CONFIG = ModelConfig(**{**TINY, "max_position_embeddings": 256})
@@ -44,26 +48,43 @@ def engines(model):
 SITUATIONS = {
     "decode": dict(),
     "chunked prefill": dict(max_tokens_per_step=8),
-    "random preemption": dict(max_tokens_per_step=16, random_preemption=0.3, seed=3),
+    "random preemption": dict(max_tokens_per_step=16, preempt_at_random=(0.3, 3)),
     "prefix hit": dict(prefix=True),
     "n = 2": dict(n=2),
     "speculation": dict(speculative_tokens=4),
 }
 
 
+def reconfigure(llm: LLM, config: SchedulerConfig) -> None:
+    """Schedule the (shared, already compiled) engine ``llm`` with ``config`` from now on,
+    with the prompt-lookup proposer an engine built with ``config`` would have."""
+    core = llm.core
+    core.scheduler.config = core.config.scheduler = config
+    core.proposer = core.scheduler.proposer = \
+        PromptLookupProposer(config.drafter) if config.speculative_tokens else None
+
+
 def serve(llm: LLM, batch: int, situation: dict) -> list[list[list[int]]]:
     """Every sample's tokens of ``batch`` requests served in one situation."""
     situation = dict(situation)
     n, prefix = situation.pop("n", 1), situation.pop("prefix", False)
-    llm.scheduler.config = SchedulerConfig(max_batch=batch * n, **situation)
-    llm.scheduler.random.seed(situation.get("seed", 0))
+    preemption = situation.pop("preempt_at_random", None)
+    reconfigure(llm, SchedulerConfig(max_batch=batch * n, **situation))
     prompts = PROMPTS[:batch]
     if prefix:  # every prompt shares a first block with one served before
         llm.generate([PROMPTS[3]], SamplingParams(max_tokens=2), progress=False)
         prompts = [PROMPTS[3][:8] + p for p in prompts]
     params = SamplingParams(temperature=1.0 if n > 1 else 0.0, seed=1, max_tokens=12, n=n)
-    outputs = llm.generate(prompts, params, progress=False)
+    if preemption is not None:
+        preempt_at_random(llm, *preemption)
+    try:
+        outputs = llm.generate(prompts, params, progress=False)
+    finally:
+        vars(llm.core.scheduler).pop("schedule", None)  # undo preempt_at_random
     assert llm.free_blocks() == NUM_BLOCKS
+    if situation.get("speculative_tokens") and batch > 1:  # (the first prompt alone never
+        # repeats a token: prompt lookup has nothing to guess)
+        assert sum(sample.drafted for out in outputs for sample in out.outputs) > 0
     return [[sample.tokens for sample in out.outputs] for out in outputs]
 
 
@@ -80,13 +101,13 @@ def test_fast_executors_give_the_eager_engines_tokens(engines, executor, batch, 
 
 def decode_logits(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
     """The logits of the first decode step after ``prompts`` are in."""
-    seqs = [llm.add_request(p, SamplingParams(max_tokens=3)) for p in prompts]
+    requests = [llm.add_request(p, SamplingParams(max_tokens=3)) for p in prompts]
     llm.step()  # the prompts, and their first tokens
-    step = llm.scheduler.schedule()
-    batch, _ = llm.runner.prepare(step)
-    logits = llm.runner.forward(batch)
-    for seq in seqs:
-        llm.abort(seq)
+    step = llm.core.scheduler.schedule()
+    batch, _ = llm.core.runner.prepare(step, {})
+    logits = llm.core.runner.forward(batch)
+    for request in requests:
+        llm.abort(request)
     return logits
 
 
@@ -120,21 +141,23 @@ def test_a_decode_step_gives_the_eager_logits_in_every_weight_format(model, fmt)
 
 def test_padding_rows_write_nothing_into_the_pool(engines):
     llm = engines["compiled"]
-    seqs = [llm.add_request(p, SamplingParams(max_tokens=3)) for p in PROMPTS[:3]]
+    reconfigure(llm, SchedulerConfig())
+    runner = llm.core.runner
+    requests = [llm.add_request(p, SamplingParams(max_tokens=3)) for p in PROMPTS[:3]]
     llm.step()
-    step = llm.scheduler.schedule()
-    batch, _ = llm.runner.prepare(step)
-    before = [pool.clone() for pool in (*llm.runner.cache.keys, *llm.runner.cache.values)]
-    llm.runner.forward(batch)  # 3 sequences in the graph of 4
-    assert llm.runner.last_executor == "compiled"
+    step = llm.core.scheduler.schedule()
+    batch, _ = runner.prepare(step, {})
+    before = [pool.clone() for pool in (*runner.cache.keys, *runner.cache.values)]
+    executor = runner.executor_for(batch)
+    assert executor.name == "compiled"
+    runner.forward(batch, executor)  # 3 sequences in the graph of 4
     written = batch.metadata.slot_mapping
-    for old, new in zip(before, (*llm.runner.cache.keys, *llm.runner.cache.values),
-                        strict=True):
+    for old, new in zip(before, (*runner.cache.keys, *runner.cache.values), strict=True):
         old, new = old.flatten(0, 1), new.flatten(0, 1)  # one row per slot
         changed = (old != new).flatten(1).any(1).nonzero().flatten()
         assert set(changed.tolist()) <= set(written.tolist())
-    for seq in seqs:
-        llm.abort(seq)
+    for request in requests:
+        llm.abort(request)
 
 
 def test_no_graph_is_compiled_after_warm_up(engines):
@@ -143,18 +166,21 @@ def test_no_graph_is_compiled_after_warm_up(engines):
     from torch._dynamo.utils import counters
 
     llm = engines["compiled"]
-    llm.scheduler.config = SchedulerConfig(max_batch=8)
+    reconfigure(llm, SchedulerConfig(max_batch=8))
     for bucket in (b for b in BUCKETS if b <= 8):  # warm-up: one step of each bucket
         llm.generate(PROMPTS[:bucket], SamplingParams(max_tokens=3), progress=False)
     graphs = counters["stats"]["unique_graphs"]
-    sizes = set()
-    for step in range(200):
-        in_flight = len(llm.scheduler.running) + len(llm.scheduler.waiting)
-        if step % 3 == 0 and in_flight < 8:  # a request joins every third step
-            llm.add_request(PROMPTS[step % 8], SamplingParams(max_tokens=1 + step % 17))
-        llm.step()
-        if llm.runner.last_executor == "compiled":
-            sizes.add(llm.last_step_tokens)
+    reports: list[StepReport] = []
+    llm.core.on_step = reports.append
+    try:
+        for step in range(200):
+            if step % 3 == 0 and llm.core.num_running + llm.core.num_waiting < 8:
+                # a request joins every third step
+                llm.add_request(PROMPTS[step % 8], SamplingParams(max_tokens=1 + step % 17))
+            llm.step()
+    finally:
+        llm.core.on_step = None
+    sizes = {report.num_tokens for report in reports if report.executor == "compiled"}
     assert len(sizes) >= 4  # the batch really varied
     assert counters["stats"]["unique_graphs"] == graphs
 
@@ -210,13 +236,13 @@ def test_smollm2_w8a8_native_steps_agree_teacher_forced(smollm2, tokenizer):
     choices = {}
     for executor in ("eager", "native"):
         llm = LLM(w8a8, num_blocks=64, executor=executor)
-        seq = llm.add_request(prompt, SamplingParams(max_tokens=len(forced)))
+        seq = sequence_of(llm, llm.add_request(prompt, SamplingParams(max_tokens=len(forced))))
         picks = []
         while not seq.finished:
-            step = llm.scheduler.schedule()
-            batch, _ = llm.runner.prepare(step)
-            picks.append(int(llm.runner.forward(batch)[-1].argmax()))
-            llm.scheduler.finish_step(step, {seq.id: [forced[len(seq.output)]]})
+            step = llm.core.scheduler.schedule()
+            batch, _ = llm.core.runner.prepare(step, {})
+            picks.append(int(llm.core.runner.forward(batch)[-1].argmax()))
+            llm.core.scheduler.apply(step, {}, {seq.id: Sampled([forced[len(seq.output)]])})
         choices[executor] = picks
     agree = sum(a == b for a, b in zip(choices["eager"], choices["native"], strict=True))
     assert agree / len(forced) >= 0.9, choices

@@ -18,15 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from engine_driving import sequence_of
 
 from minillm.checkpoint import resolve_checkpoint, save_model
 from minillm.config import ModelConfig
+from minillm.engine import EngineConfig, EngineCore
+from minillm.engine.errors import EngineDeadError
 from minillm.parallel.launch import free_port
 from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.errors import EngineDeadError
 from minillm.serve.server import serve_in_background
 from minillm.testing import TINY, varied_random_model
 
@@ -36,18 +38,18 @@ PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [1, 2], [200, 100, 50, 25], list(range(30, 
 
 class FailingRunner:
     """Wraps an engine's runner: step ``fail_at`` (counting from 1) raises ``error``
-    instead of computing; it remembers which sequences that step held."""
+    instead of computing; it remembers which requests that step held."""
 
     def __init__(self, runner, fail_at: int, error: Exception):
         self.runner, self.fail_at, self.error = runner, fail_at, error
         self.steps, self.failed_ids = 0, set()
 
-    def run(self, step):
+    def run(self, step, drafts):
         self.steps += 1
         if self.steps == self.fail_at:
-            self.failed_ids = {seq.id for seq, _ in step.work}
+            self.failed_ids = {seq.request_id for seq, _ in step.work}
             raise self.error
-        return self.runner.run(step)
+        return self.runner.run(step, drafts)
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
@@ -72,7 +74,7 @@ def engine(model, fail_at=None, error=None, **scheduler) -> LLM:
     llm = LLM(model, block_size=4, num_blocks=64,
               scheduler=SchedulerConfig(**{"max_batch": 2, **scheduler}))
     if fail_at is not None:
-        llm.runner = FailingRunner(llm.runner, fail_at, error)
+        llm.core.runner = FailingRunner(llm.core.runner, fail_at, error)
     return llm
 
 
@@ -83,7 +85,7 @@ def alone(model, prompt, max_tokens=8) -> list[int]:
 def test_a_failing_step_fails_its_requests_only_and_the_engine_goes_on(tiny):
     llm = engine(tiny, fail_at=3, error=RuntimeError("injected fault"))
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=8), progress=False)
-    failed = llm.runner.failed_ids
+    failed = llm.core.runner.failed_ids
     assert 0 < len(failed) < len(PROMPTS)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         if out.request_id in failed:
@@ -104,13 +106,53 @@ def test_a_failing_step_during_forked_samples_frees_every_block(tiny):
     assert llm.free_blocks() == llm.blocks.num_blocks and not llm.has_work
 
 
+@pytest.mark.parametrize("fail_at", [1, 3])  # the prompts' step, or one with forked samples
+def test_a_failed_steps_deltas_fail_exactly_that_steps_requests(tiny, fail_at):
+    engine_core = EngineCore(tiny, EngineConfig(block_size=4, num_blocks=64,
+                                                scheduler=SchedulerConfig(max_batch=4)))
+    runner = engine_core.runner = FailingRunner(engine_core.runner, fail_at,
+                                                RuntimeError("injected fault"))
+    params = [SamplingParams(max_tokens=8),  # 1 + 3 seats: the others wait their turn
+              SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=8),
+              SamplingParams(max_tokens=8), SamplingParams(max_tokens=8)]
+    for request, (prompt, sp) in enumerate(zip(PROMPTS, params, strict=False)):
+        engine_core.add(request, prompt, sp)
+    tokens = {}
+    for step in range(1, 100):
+        if not engine_core.has_work:
+            break
+        deltas = engine_core.step()
+        errors = [d for d in deltas if d.error is not None]
+        if step != fail_at:
+            assert not errors and all(d.finish_reason != "error" for d in deltas)
+            for d in deltas:
+                tokens[d.request_id, d.index] = tokens.get((d.request_id, d.index), ()) + \
+                    d.token_ids
+            continue
+        assert runner.failed_ids == {0, 1}  # the step held the first two requests
+        assert sorted((d.request_id, d.index) for d in deltas) == \
+            [(0, 0), (1, 0), (1, 1), (1, 2)]  # every sample of them, forked or not
+        for d in deltas:
+            assert d.finish_reason == "error" and not d.token_ids
+            assert "injected fault" in d.error and "other requests were not affected" in d.error
+        assert 0 not in engine_core.requests and 1 not in engine_core.requests
+    assert {key for key in tokens if key[0] >= 2} == {(2, 0), (3, 0)}
+    for request in (2, 3):  # the others went on, untouched
+        assert list(tokens[request, 0]) == alone(tiny, PROMPTS[request])
+    assert engine_core.blocks.num_free == 64 and not engine_core.requests
+
+
 def test_a_dead_engine_fails_everything_and_refuses_more(tiny):
     llm = engine(tiny, fail_at=2, error=EngineDeadError("worker 1 exited"))
-    seqs = [llm.add_request(p, SamplingParams(max_tokens=8)) for p in PROMPTS]
+    requests = [llm.add_request(p, SamplingParams(max_tokens=8)) for p in PROMPTS]
+    seqs = [sequence_of(llm, request) for request in requests]
     llm.step()
     with pytest.raises(EngineDeadError, match="worker 1 exited"):
         llm.step()
     assert all(s.finished and s.error == "worker 1 exited" for s in seqs)
+    outputs = [llm.output(request) for request in requests]
+    assert all(o.finish_reason == "error" and o.error == "worker 1 exited" for o in outputs)
+    assert llm.core.dead == "worker 1 exited" and not llm.core.requests
     assert llm.free_blocks() == llm.blocks.num_blocks
     with pytest.raises(EngineDeadError):
         llm.add_request([1, 2, 3])
@@ -141,13 +183,14 @@ def complete(url, prompt, stream=False, max_tokens=8):
 def test_over_http_a_failed_step_is_a_500_and_the_others_go_on(tiny_checkpoint):
     llm = LLM(tiny_checkpoint, block_size=4, num_blocks=64,
               scheduler=SchedulerConfig(max_batch=1))
-    llm.runner = FailingRunner(llm.runner, fail_at=3, error=RuntimeError("injected fault"))
+    llm.core.runner = FailingRunner(llm.core.runner, fail_at=3,
+                                    error=RuntimeError("injected fault"))
     with serve_in_background(llm, "tiny") as url:
         with pytest.raises(openai.InternalServerError, match="injected fault") as caught:
             complete(url, PROMPTS[0])
         assert caught.value.body["type"] == "server_error"
         assert complete(url, PROMPTS[1]) == llm.tokenizer.decode(alone(llm.model, PROMPTS[1]))
-        llm.runner.steps, llm.runner.fail_at = 0, 2
+        llm.core.runner.steps, llm.core.runner.fail_at = 0, 2
         with pytest.raises(openai.APIError, match="injected fault"):
             complete(url, PROMPTS[0], stream=True)
         assert complete(url, PROMPTS[2], stream=True) == \
@@ -159,7 +202,8 @@ def test_over_http_a_failed_step_is_a_500_and_the_others_go_on(tiny_checkpoint):
 def test_over_http_a_dead_engine_answers_503_and_never_hangs(tiny_checkpoint):
     llm = LLM(tiny_checkpoint, block_size=4, num_blocks=64,
               scheduler=SchedulerConfig(max_batch=1))
-    llm.runner = FailingRunner(llm.runner, fail_at=4, error=EngineDeadError("worker 1 died"))
+    llm.core.runner = FailingRunner(llm.core.runner, fail_at=4,
+                                    error=EngineDeadError("worker 1 died"))
     stopped = []
     with serve_in_background(llm, "tiny", on_engine_stop=stopped.append) as url:
         with ThreadPoolExecutor(3) as pool:  # one runs, two wait; all three must fail
@@ -187,7 +231,7 @@ def worker_pids(process_or_pid) -> list[int]:
 
 
 def tp_worker_pids(llm: LLM) -> list[int]:
-    return [p.pid for p in llm.runner.workers]
+    return [p.pid for p in llm.core.runner.workers]
 
 
 @pytest.mark.parametrize("fault, signal_number", [("killed", signal.SIGKILL),
@@ -197,7 +241,8 @@ def test_a_tensor_parallel_worker_that_dies_or_hangs_is_detected_in_seconds(
     llm = LLM(tiny_checkpoint, block_size=4, num_blocks=64, tensor_parallel_size=2,
               worker_timeout=3.0, scheduler=SchedulerConfig(max_batch=2))
     try:
-        seqs = [llm.add_request(p, SamplingParams(max_tokens=50)) for p in PROMPTS]
+        requests = [llm.add_request(p, SamplingParams(max_tokens=50)) for p in PROMPTS]
+        outputs = [llm.outputs[request] for request in requests]
         llm.step()
         threading.Timer(0.2, os.kill, (tp_worker_pids(llm)[0], signal_number)).start()
         started = time.monotonic()
@@ -207,15 +252,15 @@ def test_a_tensor_parallel_worker_that_dies_or_hangs_is_detected_in_seconds(
         took = time.monotonic() - started
         assert ("exited" if fault == "killed" else "did not answer within") in str(caught.value)
         assert took < (4 if fault == "killed" else 8), took
-        assert all(s.finished for s in seqs)  # some may have met a stop token before
-        assert any(s.finish_reason.value == "error" and s.error == str(caught.value)
-                   for s in seqs)
+        assert all(o.finished for o in outputs)  # some may have met a stop token before
+        assert any(o.finish_reason == "error" and o.error == str(caught.value)
+                   for o in outputs)
         assert llm.free_blocks() == 64
     finally:
         started = time.monotonic()
         llm.close()
         assert time.monotonic() - started < 10
-    assert all(p.poll() is not None for p in llm.runner.workers)
+    assert all(p.poll() is not None for p in llm.core.runner.workers)
 
 
 # -- minillm serve as a process ----------------------------------------------------------

@@ -210,7 +210,7 @@ def test_models_compiled_in_one_process_keep_their_own_graphs(tmp_path):
 
 
 def test_benchmark_counts_the_tokens_two_runs_share():
-    from minillm.bench import same_prefix_length, same_tokens
+    from minillm.experiments.decode import same_prefix_length, same_tokens
 
     a, b = [[1, 2, 3, 4], [5, 6, 7]], [[1, 2, 9, 4], [5, 6, 7]]
     assert same_prefix_length(a, b) == 2 and not same_tokens(a, b)

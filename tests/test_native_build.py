@@ -60,7 +60,7 @@ from minillm.config import ModelConfig
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.int8_activations import to_int8_activations
 from minillm.serve import LLM
-from minillm.serve.executors import auto_executor
+from minillm.engine.executors import auto_executor
 from minillm.testing import TINY, varied_random_model
 from minillm import SamplingParams, reference
 model = to_int8_activations(quantize_model(varied_random_model(ModelConfig(**TINY)), "rtn",

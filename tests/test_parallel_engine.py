@@ -9,13 +9,15 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from test_tensor_parallel import changes, model_state
 
 from minillm.checkpoint import load_model
 from minillm.parallel import tensor_parallel
 from minillm.parallel.launch import run_ranks
+from minillm.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minillm.parallel.loading import load_shard
 from minillm.quant.basic import QuantScheme
-from minillm.quant.qlinear import quantize_model_rtn
+from minillm.quant.qlinear import QuantLinear, quantize_model_rtn
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.testing import saved_varied_model
@@ -75,11 +77,26 @@ def test_quantized_linears_split_with_whole_groups(varied_checkpoint, group_size
         assert torch.allclose(logits, expected, atol=1e-5)
 
 
+def test_a_quantized_model_splits_into_parallel_layers_and_stays_as_it_was(varied_checkpoint):
+    model = quantize_model_rtn(load_model(varied_checkpoint), QuantScheme(4, group_size=16))
+    before = model_state(model)
+    ranked = tensor_parallel(model, 1, 2)
+    assert changes(model, before) == []
+    attn, mlp = ranked.layers[0].attn, ranked.layers[0].mlp
+    for layer in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+        assert type(layer) is ColumnParallelLinear and type(layer.shard) is QuantLinear
+    for layer in (attn.o_proj, mlp.down_proj):
+        assert type(layer) is RowParallelLinear and type(layer.shard) is QuantLinear
+    assert mlp.down_proj.shard.in_features == model.layers[0].mlp.down_proj.in_features // 2
+
+
 def test_a_quantization_group_cut_in_two_is_refused(varied_checkpoint):
     # o_proj reads 4 heads x 16 = 64 columns, 32 per rank: a group of 48 would be cut
     model = quantize_model_rtn(load_model(varied_checkpoint), QuantScheme(4, group_size=48))
+    before = model_state(model)
     with pytest.raises(ValueError, match="whole quantization groups of 48.*group size"):
         tensor_parallel(model, 0, 2)
+    assert changes(model, before) == []  # refused halfway: the model is as it was
 
 
 def test_a_bad_rank_or_world_is_refused(varied_checkpoint):

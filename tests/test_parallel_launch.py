@@ -61,7 +61,7 @@ def run(command: list[str], cwd: Path, timeout: float = 240) -> str:
 def test_an_unguarded_script_starts_the_engine_with_plain_python(tmp_path, checkpoint,
                                                                  one_process):
     """No ``if __name__ == "__main__":``: multiprocessing's spawn would run the script again
-    in every worker; ``python -m minillm.parallel.worker`` does not."""
+    in every worker; ``python -m minillm.engine.worker`` does not."""
     script = tmp_path / "tp.py"
     script.write_text(ENGINE_SCRIPT.format(prompts=PROMPTS))
     assert tokens_printed(run([sys.executable, str(script), checkpoint], tmp_path)) == one_process

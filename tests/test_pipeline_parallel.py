@@ -1,14 +1,17 @@
 """Pipeline parallelism: the simulated GPipe bubble is (p-1)/(m+p-1), 1F1B has the same
 bubble but holds at most p micro-batches instead of m, the slowest stage sets the pace;
 pipelined logits over gloo processes equal one process's (1e-5 on tiny models, uneven
-splits and tied embeddings included; SmolLM2 to 1e-4), and bad splits are refused."""
+splits and tied embeddings included; SmolLM2 to 1e-4), and bad splits are refused. A
+stage is made of the model's weights and leaves the model as it was."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_tensor_parallel import changes, hooked, model_state
 
 from minillm.checkpoint import load_model
+from minillm.config import ModelConfig
 from minillm.parallel.launch import run_ranks
 from minillm.parallel.pipeline import (
     bubble_fraction,
@@ -20,7 +23,7 @@ from minillm.parallel.pipeline import (
     schedule,
     stage_layers,
 )
-from minillm.testing import tiny_pair
+from minillm.testing import TINY, tiny_pair, varied_random_model
 
 TOKENS = torch.tensor([[5, 17, 99, 3, 42, 7, 8, 5], [1, 2, 3, 4, 5, 6, 7, 8],
                        [9, 9, 8, 8, 7, 7, 6, 6], [200, 100, 50, 25, 12, 6, 3, 1]])
@@ -107,6 +110,31 @@ def test_bad_splits_are_refused_with_what_to_do(tmp_path):
     stage = pipeline_stage(model, 0, 1)  # the check comes before any communication
     with pytest.raises(ValueError, match="4 sequences does not split into 3"):
         pipeline_forward(stage, TOKENS, 3)
+
+
+@pytest.mark.parametrize("layers, tied", [(2, False), (5, True)])
+def test_a_stage_leaves_the_model_as_it_was(layers, tied):
+    model = varied_random_model(ModelConfig(**{**TINY, "num_layers": layers,
+                                               "tie_word_embeddings": tied}))
+    before = model_state(model)
+    with torch.no_grad():
+        logits = model(TOKENS)
+    for world in range(1, layers + 1):
+        stages = [pipeline_stage(model, rank, world) for rank in range(world)]
+        assert changes(model, before) == [], world
+        for stage in stages:
+            assert stage.model is not model and hooked(stage) == []
+            kept = stage_layers(layers, stage.rank, world)
+            assert [layer.attn.layer_index for layer in stage.layers] == list(kept)
+            # the stage's layers hold the model's own weights (no copy)
+            for layer, index in zip(stage.layers, kept, strict=True):
+                assert layer.attn.q_proj.weight is model.layers[index].attn.q_proj.weight
+            assert (stage.embed_tokens is not None) == stage.is_first
+            assert (stage.lm_head is not None) == stage.is_last
+        assert len(model.layers) == layers and model.embed_tokens is not None
+        assert model.norm is not None and model.lm_head is not None
+    with torch.no_grad():  # and the model still computes what it did
+        assert torch.equal(model(TOKENS), logits)
 
 
 def pipelined_logits(rank, world, checkpoint, tokens, microbatch_counts):

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from minillm.bench import weight_bytes_per_token
 from minillm.config import ModelConfig
 from minillm.kv_cache import KVCache
 from minillm.model import Transformer
+from minillm.quant.qlinear import weight_bytes_per_token
 from minillm.roofline import (
     Roofline,
     forward_bytes,

@@ -2,20 +2,23 @@
 instance, the slot-mapping function, the decode attention, the scheduler's budget plan and
 its preemption policy. With the chapter 12 and 13 solutions plugged in, the engine still
 gives every request what ``generate`` gives it alone; a broken part shows (different
-tokens, or a clear error). Also the engine's ``on_step`` observer, and what chapters 12 and
-13 needed of the simulator: ``on_step``, and a cost-model fit that survives CPU steps."""
+tokens, or a clear error). Also the engine's ``on_step`` observer (a
+:class:`~minillm.engine.deltas.StepReport` per step, whose work adds up to what the
+sequences computed), and what chapters 12 and 13 needed of the simulator: ``on_step``, and
+a cost-model fit that survives CPU steps."""
 
 from __future__ import annotations
 
 import pytest
+from engine_driving import sequence_of
 
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.reserving import ReservingBlockManager
+from minillm.engine.scheduler import plan_chunked_step, preemption_victims
 from minillm.grading import load_impl
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.block_manager import BlockManager
-from minillm.serve.reserving import ReservingBlockManager
-from minillm.serve.scheduler import plan_chunked_step, preemption_victims
 from minillm.testing import tiny_pair
 
 ch12 = load_impl("ch12_paged_kv_cache", "solutions")
@@ -42,10 +45,13 @@ class SolutionPrefixHashes(BlockManager):
 def test_the_engine_uses_the_block_manager_it_is_given(tiny):
     manager = SolutionPrefixHashes(num_blocks=40, block_size=4)
     llm = LLM(tiny, block_manager=manager, scheduler=SchedulerConfig(max_batch=1))
-    assert llm.blocks is manager and llm.runner.cache.keys[0].shape[:2] == (40, 4)
-    outputs = llm.generate(PROMPTS, PARAMS, progress=False)
-    assert [o.tokens for o in outputs] == alone(tiny)
-    cached = [llm.requests[o.request_id].cached_tokens for o in outputs]
+    assert llm.blocks is manager and llm.core.runner.cache.keys[0].shape[:2] == (40, 4)
+    requests = [llm.add_request(prompt, PARAMS) for prompt in PROMPTS]
+    seqs = [sequence_of(llm, request) for request in requests]
+    while llm.has_work:
+        llm.step()
+    assert [llm.output(request).tokens for request in requests] == alone(tiny)
+    cached = [seq.cached_tokens for seq in seqs]
     assert cached == [0, 24, 0, 24]  # one at a time: the shared system prompt is hit
     assert manager.num_free == 40
 
@@ -72,12 +78,14 @@ def test_the_solution_paged_attention_computes_every_decode(tiny):
         calls.append(length)
         return ch12.paged_attention(q, key_pool, value_pool, block_table, length)
 
+    reports = []
     llm = LLM(tiny, block_size=4, num_blocks=64, decode_attention=counted,
-              scheduler=SchedulerConfig(max_batch=4))
+              on_step=reports.append, scheduler=SchedulerConfig(max_batch=4))
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
     decodes = len(PROMPTS) * (PARAMS.max_tokens - 1)  # the first token comes from a prefill
     assert len(calls) == decodes * tiny.config.num_layers
-    assert llm.runner.executor_names == ["eager"]
+    assert llm.core.runner.executor_names == ["eager"]
+    assert {report.executor for report in reports if report.work} == {"eager"}
 
 
 def test_a_wrong_paged_attention_changes_the_tokens_and_fast_executors_are_refused(tiny):
@@ -104,11 +112,11 @@ def test_reserving_for_max_tokens_runs_fewer_requests_at_once_than_paging(tiny):
         running = []
         while llm.has_work:
             llm.step()
-            running.append(len(llm.scheduler.running))
+            running.append(llm.core.num_running)
         most_at_once[name] = max(running)
         assert manager.num_free == 40  # every block given back
-        assert [r.output for r in requests] == [generate(tiny, p, 40, params)[0]
-                                                for p in prompts]
+        assert [llm.output(r).tokens for r in requests] == [generate(tiny, p, 40, params)[0]
+                                                            for p in prompts]
     assert most_at_once == {"paged": 4, "reserving": 2}
 
 
@@ -136,6 +144,19 @@ def test_a_plan_that_breaks_the_rules_is_refused_with_a_reason(tiny):
         llm.step()
 
 
+def test_a_plan_that_never_admits_a_prompt_is_refused_not_looped_on(tiny):
+    """A plan that gives nothing while a prompt waits would have the engine step forever
+    without progress (a mutant of exercise 13.1 once did, until pytest's timeout)."""
+    def only_decodes(running, waiting, budget, max_running):
+        return [1 if need == 1 else 0 for need in running]
+
+    llm = LLM(tiny, block_size=4, num_blocks=64,
+              scheduler=SchedulerConfig(max_tokens_per_step=8, plan=only_decodes))
+    llm.add_request(PROMPTS[0], PARAMS)
+    with pytest.raises(ValueError, match="no progress"):
+        llm.step()
+
+
 @pytest.mark.parametrize("running, waiting, budget, seats, expected", [
     ([1, 1, 1], [20], 8, 4, [1, 1, 1, 5]),  # decodes, then a chunk of the waiting prompt
     ([30, 1, 1], [5], 8, 4, [6, 1, 1]),  # decodes before an older request's prompt chunk
@@ -156,18 +177,59 @@ def short_pool(tiny, preempt=preemption_victims, on_step=None, num_blocks=12) ->
 
 
 def test_on_step_sees_every_step_once_it_is_done(tiny):
-    seen = []
-    llm = short_pool(tiny, on_step=seen.append)
+    seen, seqs = [], {}
+
+    def on_step(report):  # called once the step is done: its sequences have advanced
+        seen.append(report)
+        for work in report.work:
+            assert seqs[work.request_id].num_computed == work.start + work.tokens
+
+    llm = short_pool(tiny, on_step=on_step)
     requests = [llm.add_request(prompt, PARAMS) for prompt in PROMPTS]
+    seqs.update((request, sequence_of(llm, request)) for request in requests)
     steps = 0
     while llm.has_work:
-        llm.step()
+        updates = llm.step()
         steps += 1
-        assert seen[-1].num_tokens == llm.last_step_tokens
-    assert len(seen) == steps and any(step.preempted for step in seen)
-    assert all(seq.num_computed >= n for step in seen for seq, n in step.work)  # advanced
-    assert all((step.seconds > 0) == bool(step.work) for step in seen)  # the model's time
-    assert [r.output for r in requests] == alone(tiny)
+        assert len(seen) == steps  # one report per step, given during the step
+        assert seen[-1].num_tokens == sum(work.tokens for work in seen[-1].work)
+        worked = {(work.request_id, work.index) for work in seen[-1].work}
+        assert {(u.request_id, u.index) for u in updates} <= worked
+    assert any(report.preempted for report in seen)
+    for report in seen:  # the model's time, and who computed it
+        assert (report.seconds > 0) == (report.forward_seconds > 0) == bool(report.work)
+        assert report.forward_seconds <= report.seconds
+        assert bool(report.executor) == bool(report.work)
+    assert [llm.output(r).tokens for r in requests] == alone(tiny)
+
+
+def test_step_reports_add_up_to_every_token_computed(tiny):
+    """Without preemption or prefix hits, every sample computes its prompt and its output
+    but the last token (whose keys and values nobody needs), in steps that follow on: each
+    starts where the sample's previous one ended, the first at 0 (a fork where its parent's
+    prompt ended)."""
+    reports = []
+    llm = LLM(tiny, block_size=4, num_blocks=128, prefix_caching=False, on_step=reports.append,
+              scheduler=SchedulerConfig(max_batch=6, max_tokens_per_step=8))
+    params = [PARAMS, SamplingParams(temperature=1.0, seed=3, max_tokens=7, n=3),
+              SamplingParams(max_tokens=1), PARAMS]
+    outputs = llm.generate(PROMPTS, params, progress=False)
+    assert not any(report.preempted for report in reports)
+    assert all(report.num_tokens <= 8 for report in reports)
+    computed = {}  # (request, sample) -> tokens computed so far
+    for report in reports:
+        for work in report.work:
+            key = (work.request_id, work.index)
+            fork_point = len(PROMPTS[work.request_id]) if work.index else 0
+            assert work.tokens > 0
+            assert work.start == computed.get(key, fork_point)
+            computed[key] = work.start + work.tokens
+    expected = {(out.request_id, s.index): len(out.prompt_tokens) + len(s.tokens) - 1
+                for out in outputs for s in out.outputs}
+    assert computed == expected
+    prompts = sum(len(p) for p in PROMPTS)
+    outputs_but_last = sum(len(s.tokens) - 1 for out in outputs for s in out.outputs)
+    assert sum(report.num_tokens for report in reports) == prompts + outputs_but_last
 
 
 def test_the_solution_preemption_policy_runs_the_engine_and_is_the_one_used(tiny):
@@ -197,8 +259,8 @@ def test_another_preemption_policy_changes_the_victims_not_the_tokens(tiny):
     histories = {}
     for preempt in (preemption_victims, biggest_first):
         history = []
-        llm = short_pool(tiny, preempt, num_blocks=20, on_step=lambda step, h=history: h.append(
-            [s.prompt for s in step.preempted]))
+        llm = short_pool(tiny, preempt, num_blocks=20, on_step=lambda report, h=history: h.append(
+            [(p.request_id, p.index, p.computed) for p in report.preempted]))
         assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
         assert llm.free_blocks() == 20
         histories[preempt] = history
@@ -220,20 +282,22 @@ def test_a_preemption_policy_that_breaks_the_rules_is_refused_with_a_reason(tiny
 
 
 def test_the_simulator_shows_every_step_to_on_step():
-    from minillm.serve.simulator import CostModel, simulate
-    from minillm.serve.workload import TraceRequest
+    from minillm.engine.simulator import CostModel, simulate
+    from minillm.experiments.workload import TraceRequest
 
     cost = CostModel(1e9, 1e5, 2e8, bandwidth=20e9, flops=200e9)
     trace = [TraceRequest(0.01 * i, [i] * 9, 4) for i in range(6)]  # nothing shared
-    seen = []
+    seen, seqs = [], {}
 
     def on_step(clock, step, scheduler):
         seen.append((clock, step.num_tokens, sum(len(s.block_table) for s in scheduler.running)))
+        seqs.update((seq.id, seq) for seq, _ in step.work)
 
-    seqs = simulate(trace, cost, SchedulerConfig(max_batch=3), num_blocks=64, block_size=4,
-                    on_step=on_step)
+    served = simulate(trace, cost, SchedulerConfig(max_batch=3), num_blocks=64, block_size=4,
+                      on_step=on_step)
     assert seen and [clock for clock, *_ in seen] == sorted(clock for clock, *_ in seen)
-    assert sum(n for _, n, _ in seen) == sum(s.num_computed for s in seqs)
+    assert len(seqs) == len(trace) and all(len(r.tokens) == 4 for r in served)
+    assert sum(n for _, n, _ in seen) == sum(s.num_computed for s in seqs.values())
     assert seen[-1][2] == 0  # every block is back once the last request is done
 
 
@@ -242,7 +306,7 @@ def test_fitting_steps_shaped_like_this_cpus_gives_a_usable_model():
     read, and a prefill has a large fixed cost: the overhead cannot be told from the bytes.
     (The first fit, a regression of decode time on bytes, predicted 619 s for these 10.8 s
     of steps.) The fit must give positive numbers that reproduce the total time."""
-    from minillm.serve.simulator import CostModel
+    from minillm.engine.simulator import CostModel
 
     steps = [(1, 40 + i, 0.09) for i in range(30)] + [(4, 160 + i, 0.19) for i in range(30)]
     steps += [(n, 0, 0.17 + 0.006 * n) for n in (20, 37, 85, 150)]

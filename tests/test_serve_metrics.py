@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minillm.engine.simulator import SimulatedRequest
+from minillm.experiments.workload import long_tailed_lengths, make_trace, poisson_arrivals
 from minillm.serve.metrics import e2e, itl, percentiles, summarize, tpot, ttft
-from minillm.serve.sequence import Sequence
-from minillm.serve.workload import long_tailed_lengths, make_trace, poisson_arrivals
+from minillm.serve.output_processor import CompletionOutput
 
 
 def served(arrival, times):
-    seq = Sequence(prompt=[1], arrival_time=arrival)
-    seq.output, seq.token_times = [7] * len(times), list(times)
-    return seq
+    """A sample's output as the output processor records it: its tokens and their times."""
+    return CompletionOutput(0, [7] * len(times), arrival_time=arrival, token_times=list(times))
 
 
 def test_per_request_latencies():
@@ -26,10 +26,16 @@ def test_per_request_latencies():
 
 def test_summary_counts_tokens_over_the_whole_run():
     summary = summarize([served(0.0, [1.0, 2.0]), served(1.0, [3.0, 4.0, 5.0]),
-                         Sequence(prompt=[1])])  # the last produced nothing: not counted
+                         served(2.0, [])])  # the last produced nothing: not counted
     assert summary.requests == 2 and summary.output_tokens == 5
     assert summary.seconds == pytest.approx(5.0) and summary.throughput == pytest.approx(1.0)
     assert summary.ttft["p50"] == pytest.approx(1.5)
+
+
+def test_simulated_requests_have_the_same_metrics():
+    samples = [served(0.0, [1.0, 2.0]), served(1.0, [3.0, 4.0, 5.0])]
+    simulated = [SimulatedRequest(s.arrival_time, s.tokens, s.token_times) for s in samples]
+    assert summarize(simulated) == summarize(samples)
 
 
 def test_percentiles():

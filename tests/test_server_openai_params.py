@@ -28,7 +28,6 @@ from minillm.config import ModelConfig
 from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.sequence import FinishReason
 from minillm.serve.server import (
     UNSUPPORTED,
     ChatRequest,
@@ -46,7 +45,7 @@ CHAT = [{"role": "user", "content": "Hi"}]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, tokenizer):
     """A tiny random model with SmolLM2's vocabulary behind a server whose engine keeps
-    every request it is given (``submitted``: its parameters and its sequence)."""
+    every request it is given (``submitted``: its parameters and its output)."""
     directory = tmp_path_factory.mktemp("tiny")
     model = varied_random_model(ModelConfig(**{**TINY, "vocab_size": 49152,
                                                "max_position_embeddings": 256}))
@@ -55,13 +54,13 @@ def tiny(tmp_path_factory, tokenizer):
     llm = LLM(str(directory), block_size=4, num_blocks=BLOCKS,
               scheduler=SchedulerConfig(max_batch=16))
     submitted = []
-    add_request = llm.add_request
+    admit = llm.admit
 
-    def recording(prompt, params):
-        submitted.append((params, add_request(prompt, params)))
+    def recording(prompt, params, processor):
+        submitted.append((params, admit(prompt, params, processor)))
         return submitted[-1][1]
 
-    llm.add_request = recording
+    llm.admit = recording
     with serve_in_background(llm, "tiny") as url:
         yield SimpleNamespace(url=url, llm=llm, model=model, submitted=submitted,
                               client=openai.OpenAI(base_url=url + "/v1", api_key="-",
@@ -193,8 +192,8 @@ def test_a_refused_prompt_cancels_the_other_prompts_of_its_request(tiny):
     deadline = time.monotonic() + 10
     while not first.finished and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert first.finish_reason is FinishReason.ABORT and len(first.output) < 200
-    assert second.finish_reason is FinishReason.ERROR
+    assert first.finish_reason == "abort" and len(first.tokens) < 200
+    assert second.finish_reason == "error"
     assert tiny.llm.free_blocks() == BLOCKS
 
 
@@ -208,7 +207,7 @@ def test_every_honoured_field_reaches_the_engine(tiny):
     assert tiny.submitted[-1][0] == SamplingParams(
         max_tokens=3, temperature=0.7, top_p=0.9, n=2, seed=5, logprobs=2,
         presence_penalty=0.5, frequency_penalty=-0.5, logit_bias={5: -2.0, 17: 3.0}, top_k=0,
-        min_p=0.05, repetition_penalty=1.1, structured=JsonObject())
+        min_p=0.05, repetition_penalty=1.1, structured=JsonObject(), stop=("zzz",))
     constraints = {"guided_regex": ("[a-z]+", Regex("[a-z]+")),
                    "guided_choice": (["a", "b"], Choice(("a", "b"))),
                    "guided_json": ('{"type": "string"}', JsonSchema.of({"type": "string"})),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from minillm.config import ModelConfig
+from minillm.engine.scheduler import SchedulerConfig
+from minillm.engine.simulator import CostModel, simulate
+from minillm.experiments.workload import TraceRequest
 from minillm.serve.metrics import summarize
-from minillm.serve.scheduler import SchedulerConfig
-from minillm.serve.simulator import CostModel, simulate
-from minillm.serve.workload import TraceRequest
 
 LLAMA2_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                         num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
@@ -52,6 +52,7 @@ def test_dynamic_batching_waits_on_the_simulated_clock_for_a_batch_that_never_fi
     trace = [TraceRequest(0.0, [1, 2, 3], 4), TraceRequest(0.1, [4, 5], 4)]
     config = SchedulerConfig(policy="dynamic", max_batch=4, max_wait=1.0,
                              chunked_prefill=False)
-    seqs = simulate(trace, fast, config, num_blocks=16)
-    assert all(seq.finished and len(seq.output) == 4 for seq in seqs)
-    assert seqs[0].token_times[0] == pytest.approx(1.0, abs=1e-3)  # waited the full second
+    served = simulate(trace, fast, config, num_blocks=16)
+    assert all(r.finish_reason == "length" and len(r.tokens) == len(r.token_times) == 4
+               for r in served)
+    assert served[0].token_times[0] == pytest.approx(1.0, abs=1e-3)  # waited the full second

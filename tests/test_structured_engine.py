@@ -13,10 +13,10 @@ from functools import cache, partial
 import jsonschema
 import pytest
 import torch
+from engine_driving import preempt_at_random, sequence_of
 
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.serve.sequence import Sequence
 from minillm.structured import Choice, JsonObject, JsonSchema, Regex
 from minillm.structured.backend import AutomatonBackend, XGrammarBackend
 from minillm.testing import saved_varied_model
@@ -53,10 +53,13 @@ def tiny(tmp_path_factory):
                               max_position_embeddings=512)
 
 
-def engine(model, num_blocks=256, structured_backend=XGrammarBackend, **config) -> LLM:
-    """An engine of 4-token blocks; ``config``: the scheduler's."""
-    return LLM(model, block_size=4, num_blocks=num_blocks,
-               scheduler=SchedulerConfig(**config), structured_backend=structured_backend)
+def engine(model, num_blocks=256, structured_backend=XGrammarBackend, preempt=None,
+           **config) -> LLM:
+    """An engine of 4-token blocks; ``config``: the scheduler's; ``preempt``: (chance,
+    seed) of a random preemption before each step."""
+    llm = LLM(model, block_size=4, num_blocks=num_blocks,
+              scheduler=SchedulerConfig(**config), structured_backend=structured_backend)
+    return llm if preempt is None else preempt_at_random(llm, *preempt)
 
 
 @cache
@@ -131,8 +134,7 @@ CONFIGS = {
     "chunked prefill": dict(max_batch=8, max_tokens_per_step=8),
     "whole prefills": dict(max_batch=6, chunked_prefill=False),
     "static": dict(policy="static", max_batch=6),
-    "random preemption": dict(max_batch=8, max_tokens_per_step=16, random_preemption=0.3,
-                              seed=2),
+    "random preemption": dict(max_batch=8, max_tokens_per_step=16, preempt=(0.3, 2)),
     "short pool": dict(max_batch=8, max_tokens_per_step=64, num_blocks=40),
     "speculation": dict(max_batch=8, speculative_tokens=3),
 }
@@ -167,8 +169,7 @@ def test_rejected_guesses_roll_the_automaton_back(tiny):
 
     spec_engine = engine(tiny, speculative_tokens=3, drafter=drafter)
     out = spec_engine.generate(PROMPTS, params, progress=False)
-    seqs = list(spec_engine.requests.values())
-    assert sum(s.num_drafted for s in seqs) > 0
+    assert sum(o.outputs[0].drafted for o in out) > 0
     assert [o.tokens for o in out] == [alone(tiny, p, params) for p in PROMPTS]
 
 
@@ -182,7 +183,7 @@ def test_jump_forward_saves_forward_passes_and_stays_valid(tiny):
         out = llm.generate([PROMPTS[0]], params, progress=False)[0]
         assert valid(params.structured, out.text)
         steps_per_token[jump] = len(steps) / len(out.tokens)
-        forced[jump] = llm.requests[out.request_id].num_forced
+        forced[jump] = out.outputs[0].forced
     assert forced == {False: 0, True: forced[True]} and forced[True] >= 5
     assert steps_per_token[True] < 0.9 * steps_per_token[False]
 
@@ -203,6 +204,22 @@ def test_bad_constraints_fail_only_their_request(tiny):
     assert llm.free_blocks() == 256
 
 
+def test_a_constraint_the_vocabulary_cannot_write_fails_only_its_request(tiny):
+    """SmolLM2's vocabulary has no token for the byte 0x04: a constraint that needs it at
+    once is refused when it arrives; one that needs it after "ab" fails when it gets
+    there (its n samples too), while the other requests of the same steps go on."""
+    llm = engine(tiny)
+    good = SamplingParams(max_tokens=10, structured=Regex(r"[a-z]+"))
+    now, later = (SamplingParams(max_tokens=10, structured=Regex(pattern))
+                  for pattern in ("\x04", "ab\x04"))
+    outs = llm.generate(PROMPTS[:3], [now, replace(later, n=2), good], progress=False)
+    assert "vocabulary cannot write" in outs[0].error and outs[0].tokens == []
+    assert [(o.finish_reason, o.text) for o in outs[1].outputs] == [("error", "ab")] * 2
+    assert "vocabulary cannot write" in outs[1].error
+    assert outs[2].error is None and re.fullmatch(r"[a-z]+", outs[2].text)
+    assert llm.free_blocks() == 256
+
+
 def test_the_course_backend_refuses_what_it_cannot_compile(tiny):
     llm = engine(tiny, structured_backend=AutomatonBackend)
     out = llm.generate([PROMPTS[0]], SamplingParams(structured=JsonSchema.of(PERSON)),
@@ -212,9 +229,11 @@ def test_the_course_backend_refuses_what_it_cannot_compile(tiny):
 
 def test_a_forgotten_sequence_drops_its_matcher(tiny):
     llm = engine(tiny)
-    seq: Sequence = llm.add_request(PROMPTS[0], SamplingParams(
+    request = llm.add_request(PROMPTS[0], SamplingParams(
         max_tokens=30, structured=JsonSchema.of(PERSON)))
+    seq = sequence_of(llm, request)
+    matchers = llm.core.runner.sampler.structured.matchers
     llm.step()
-    assert seq.id in llm.structured.matchers
-    llm.abort(seq)
-    assert seq.id not in llm.structured.matchers
+    assert seq.id in matchers
+    llm.abort(request)
+    assert seq.id not in matchers

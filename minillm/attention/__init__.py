@@ -39,7 +39,7 @@ def get_backend(name: str) -> AttentionBackend:
     variable ``TRITON_INTERPRET=1`` set before the import.
     """
     if name == "triton" and name not in BACKENDS:
-        from minillm.kernels.flash_attention import triton_attention
+        from minillm.kernels.flash_attention import triton_attention  # Triton: only here
 
         BACKENDS["triton"] = triton_attention
     try:

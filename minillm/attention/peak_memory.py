@@ -17,13 +17,13 @@ import time
 
 import torch
 
+from .naive import naive_attention
+from .tiled import tiled_attention_with_lse
+
 KINDS = ("naive", "tiled", "sdpa")
 
 
 def _call(kind: str, n: int, heads: int, kv_heads: int, head_dim: int) -> tuple[float, float]:
-    from .naive import naive_attention
-    from .tiled import tiled_attention_with_lse
-
     torch.set_num_threads(2)
     torch.manual_seed(0)
     q = torch.randn(1, heads, n, head_dim)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..bench import run_decode_benchmark
+from ..experiments.decode import run_decode_benchmark
 
 
 def add_arguments(parser) -> None:

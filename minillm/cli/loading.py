@@ -1,15 +1,17 @@
 """What several commands share: the model options, and loading the model they name with its
-conversions (weight-only decode layout, --int8-activations) and its decode executor."""
+conversions (weight-only decode layout, --int8-activations: a :class:`~minillm.prepare.Plan`
+that :func:`~minillm.prepare.prepare_model` applies) and its decode executor."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..checkpoint import load_model
-from ..quant.int8_activations import Int8ActivationLinear, to_int8_activations
+from ..engine.executors import EXECUTORS
+from ..engine.executors import resolve_executor as engine_executor
+from ..prepare import Plan, prepare_model
+from ..quant.int8_activations import Int8ActivationLinear
 from ..quant.w4a8 import W4A8Linear
-from ..quant.weight_only import to_weight_only
-from ..serve.executors import EXECUTORS, auto_executor
 from ..tokenizer import Tokenizer
 
 
@@ -34,21 +36,23 @@ def add_executor_option(parser: argparse.ArgumentParser) -> None:
 
 
 def load(args):
-    """The model (int8/int4 checkpoints in the weight-only decode layout) and its tokenizer."""
+    """The model (int8/int4 checkpoints in the weight-only decode layout, or with
+    --int8-activations W8A8/W4A8) and its tokenizer."""
     model = load_model(args.model, attn_backend=args.backend)
-    if args.int8_activations:
-        use_int8_activations(model, args.model)
-    return to_weight_only(model), Tokenizer(args.model)
+    return prepared(model, args), Tokenizer(args.model)
 
 
-def use_int8_activations(model, source: str) -> None:
-    """--int8-activations: run every per-channel int8 linear on int8 activations (W8A8), and
-    every grouped int4 one (W4A8)."""
-    to_int8_activations(model)
-    if not any(isinstance(m, (Int8ActivationLinear, W4A8Linear)) for m in model.modules()):
+def prepared(model, args):
+    """``model`` in the weight format the options ask for. --int8-activations runs every
+    per-channel int8 linear on int8 activations (W8A8), and every grouped int4 one (W4A8)."""
+    weights = "int8-activations" if args.int8_activations else "weight-only"
+    model = prepare_model(model, Plan(weights=weights))
+    if args.int8_activations and not any(isinstance(m, (Int8ActivationLinear, W4A8Linear))
+                                         for m in model.modules()):
         raise ValueError(f"--int8-activations needs per-channel int8 weights (or grouped int4), "
-                         f"and {source} has none; make them with: minillm quantize OUT "
+                         f"and {args.model} has none; make them with: minillm quantize OUT "
                          "--method rtn --bits 8 --group-size 0 --symmetric --embedding int8")
+    return model
 
 
 def serving_model(args):
@@ -58,11 +62,10 @@ def serving_model(args):
         return args.model
     if args.tensor_parallel > 1:
         raise ValueError("--int8-activations runs in one process; drop --tensor-parallel")
-    model = load_model(args.model)
-    use_int8_activations(model, args.model)
-    return model
+    return prepared(load_model(args.model), args)
 
 
 def resolve_executor(args, model) -> str:
-    """--executor, with auto resolved to the executor it picks for ``model``."""
-    return auto_executor(model) if args.executor == "auto" else args.executor
+    """--executor, with auto resolved to the executor it picks for ``model`` (a choice the
+    model cannot run is refused, with the reason)."""
+    return engine_executor(model, args.executor)

@@ -13,24 +13,12 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
-from pathlib import Path
 
-IMPLS = ("exercises", "solutions")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .mutants import find_mutant, mutated_solution
+from .repository import IMPLS, REPO_ROOT, check_impl, current_impl
 
-
-def check_impl(impl: str) -> str:
-    """``impl`` if it names an implementation, else a ValueError listing the choices."""
-    if impl in IMPLS or (impl.startswith("mutant:") and impl.count(":") == 2):
-        return impl
-    raise ValueError(f"implementation {impl!r}: choose exercises, solutions or "
-                     "mutant:chNN_topic:name (see tests/grading/mutants/)")
-
-
-def current_impl() -> str:
-    return check_impl(os.environ.get("MINILLM_IMPL", "exercises"))
+__all__ = ["IMPLS", "REPO_ROOT", "check_impl", "current_impl", "load_impl"]
 
 
 def load_impl(module: str, impl: str | None = None):
@@ -48,7 +36,5 @@ def load_impl(module: str, impl: str | None = None):
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     if impl.startswith("mutant:") and impl.split(":")[1] == module:
-        from .mutants import find_mutant, mutated_solution
-
         return mutated_solution(find_mutant(module, impl.split(":")[2]))
     return importlib.import_module(f"{folder}.{module}")

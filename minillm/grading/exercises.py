@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT
+from .repository import REPO_ROOT
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 EXERCISE_LINE = re.compile(r"Exercise (\d\d\.\d+): (.+)")

@@ -17,8 +17,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import REPO_ROOT, check_impl
 from .mutants import MUTANTS_DIR, find_mutants, solution_exercises
+from .repository import REPO_ROOT, check_impl
 
 
 class GradingError(RuntimeError):

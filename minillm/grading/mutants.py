@@ -20,12 +20,13 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from . import REPO_ROOT
 from .exercises import EXERCISE_LINE
+from .repository import REPO_ROOT
 
 MUTANTS_DIR = REPO_ROOT / "tests" / "grading" / "mutants"
 
@@ -96,8 +97,11 @@ def find_mutant(module: str, name: str) -> Mutant:
 
 @functools.cache
 def _import_file(path: Path, module_name: str) -> ModuleType:
+    """Import the file ``path`` as ``module_name`` (registered in ``sys.modules`` first, as
+    an import does: a dataclass in it looks its module up there)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -30,6 +30,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Starting a group is slow on a busy machine (each rank imports torch, loads its shard,
+# may build kernels): joining gets this budget, whatever the collectives' own timeout.
+STARTUP_TIMEOUT = timedelta(minutes=2)
+
+
+def under_torchrun() -> bool:
+    """Was this process started by torchrun (or another env:// launcher)?"""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                "MASTER_PORT"))
+
+
+def join_group_at(store: str, rank: int, world: int) -> dist.Store:
+    """Join the gloo group whose store rank 0 hosts at ``host:port`` (within
+    :data:`STARTUP_TIMEOUT`); returns the store."""
+    host, port = store.rsplit(":", 1)
+    meeting = dist.TCPStore(host, int(port), world, is_master=rank == 0,
+                            wait_for_workers=False, timeout=STARTUP_TIMEOUT)
+    dist.init_process_group("gloo", store=meeting, rank=rank, world_size=world,
+                            timeout=STARTUP_TIMEOUT)
+    return meeting
+
+
+def join_torchrun_group(world: int) -> None:
+    """Join torchrun's group (env:// rendezvous, within :data:`STARTUP_TIMEOUT`), checking it
+    has ``world`` ranks."""
+    if int(os.environ["WORLD_SIZE"]) != world:
+        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the "
+                         f"engine asks for tensor_parallel_size={world}; make them equal")
+    dist.init_process_group("gloo", init_method="env://", timeout=STARTUP_TIMEOUT)
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """From now on, every collective of the default group fails after ``seconds`` (once
+    the group has started: a lost rank must be noticed in seconds, not minutes). torch has
+    no public setter for a live group; this is the one its own elastic agents use."""
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+
+
 def share_cores(world: int) -> None:
     """Give this rank its share of this machine's cores: ``world`` processes (or, under
     torchrun, the ``LOCAL_WORLD_SIZE`` on this machine) each running all cores' threads

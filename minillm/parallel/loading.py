@@ -8,10 +8,10 @@ rows [a, b) or columns [a, b) of one tensor and read just those bytes
 (``safe_open(...).get_slice(name)[a:b]``).
 
 :func:`load_shard` builds the rank's model on the meta device (shapes only, no memory),
-lets ``tensor_parallel`` give it the sharded shapes, then fills each tensor from its
-slice of the file. Which slice is :func:`split_dim`: the same table ``tensor_parallel``
-follows (column-parallel rows, row-parallel columns, vocabulary rows, everything else
-whole).
+lets ``tensor_parallel`` give it the sharded shapes (and its parallel layers, which hold
+each shard as ``<layer>.shard``), then fills each tensor from its slice of the file.
+Which slice is :func:`split_dim`: the same table ``tensor_parallel`` follows
+(column-parallel rows, row-parallel columns, vocabulary rows, everything else whole).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..checkpoint import resolve_checkpoint
+from ..checkpoint import load_model, resolve_checkpoint
 from ..config import ModelConfig
 from ..model import Transformer
 from ..weights import hf_to_minillm_name, load_weights, weight_files
-from .tensor import COLUMN_PARALLEL, ROW_PARALLEL, tensor_parallel
+from .tensor import COLUMN_PARALLEL, ROW_PARALLEL, ShardWeight, tensor_parallel
 
 
 def split_dim(name: str, shard_attention: bool = True) -> int | None:
@@ -42,6 +42,16 @@ def split_dim(name: str, shard_attention: bool = True) -> int | None:
     if parts[3] in ROW_PARALLEL:
         return 1
     return None
+
+
+def rank_model_name(name: str, shard_attention: bool = True) -> str:
+    """The name under which a rank's model holds the tensor ``name`` (minillm's name): a
+    sharded linear layer keeps its shard as ``<layer>.shard``."""
+    parts = name.split(".")
+    if len(parts) >= 5 and parts[3] in COLUMN_PARALLEL + ROW_PARALLEL and \
+            split_dim(name, shard_attention) is not None:
+        return ".".join([*parts[:4], "shard", *parts[4:]])
+    return name
 
 
 def _read_slice(handle, key: str, dim: int | None, rank: int, world: int) -> torch.Tensor:
@@ -72,12 +82,22 @@ def load_shard(name_or_path: str | Path, rank: int, world: int, *,
     for file in weight_files(directory):
         with safe_open(file, framework="pt") as handle:
             for key in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
-                name = hf_to_minillm_name(key)
+                name = rank_model_name(hf_to_minillm_name(key), shard_attention)
                 if name in wanted:
-                    state[name] = _read_slice(handle, key, split_dim(name, shard_attention),
-                                              rank, world)
+                    dim = split_dim(hf_to_minillm_name(key), shard_attention)
+                    state[name] = _read_slice(handle, key, dim, rank, world)
     load_weights(model, state, f"checkpoint {directory}", assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rope = type(model.rope)(config)  # its buffers were on the meta device
     return model.to(dtype=dtype).eval()
+
+
+def load_rank_model(checkpoint: str | Path, rank: int, world: int, shard_attention: bool,
+                    shard: ShardWeight | None) -> Transformer:
+    """This rank's model: read from its shard of the file, or, with a ``shard`` function
+    of your own, cut by it from the whole model."""
+    if shard is None:
+        return load_shard(checkpoint, rank, world, shard_attention=shard_attention)
+    return tensor_parallel(load_model(checkpoint), rank, world,
+                           shard_attention=shard_attention, shard=shard)

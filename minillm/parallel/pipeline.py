@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model import Transformer
+from ..transform import copy_modules
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -252,21 +253,22 @@ class PipelineStage(nn.Module):
 
 
 def pipeline_stage(model: Transformer, rank: int, world: int) -> PipelineStage:
-    """Rank ``rank``'s stage of a ``world``-stage pipeline, made of ``model``.
+    """Rank ``rank``'s stage of a ``world``-stage pipeline, made of ``model``'s weights.
 
-    ``model`` is trimmed in place to :func:`stage_layers` (plus the embedding on rank 0, the
-    final norm and LM head on the last rank), so the rest is freed, and becomes the stage's:
-    do not use ``model`` on its own afterwards. With tied embeddings the last stage's head
-    still holds the embedding matrix (it is the head's weight) though the embedding module
-    is dropped.
+    The stage is a copy of ``model`` (sharing its tensors; ``model`` is not changed) trimmed
+    to :func:`stage_layers`, plus the embedding on rank 0 and the final norm and LM head on
+    the last rank: once the caller lets ``model`` go, the rest is freed. With tied
+    embeddings the last stage's head still holds the embedding matrix (it is the head's
+    weight) though the embedding module is dropped.
     """
     layers = stage_layers(model.config.num_layers, rank, world)
-    model.layers = nn.ModuleList(model.layers[layers.start:layers.stop])
+    stage = copy_modules(model)
+    stage.layers = nn.ModuleList(stage.layers[layers.start:layers.stop])
     if rank > 0:
-        model.embed_tokens = None
+        stage.embed_tokens = None
     if rank < world - 1:
-        model.norm = model.lm_head = None
-    return PipelineStage(model, rank, world)
+        stage.norm = stage.lm_head = None
+    return PipelineStage(stage, rank, world)
 
 
 @torch.no_grad()

@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from ..checkpoint import load_model
 from ..reference import generate
+from .layers import COLLECTIVES
 from .loading import load_shard
 from .pipeline import pipeline_forward, pipeline_stage
 from .sequence import activation_bytes, sequence_parallel
-from .tensor import COLLECTIVES
 
 
 def sharded_forward(rank: int, world: int, checkpoint: str, token_ids: list[list[int]],

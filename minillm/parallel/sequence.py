@@ -32,7 +32,8 @@ Attention sees the gathered whole sequence, so the RoPE tables and the causal ma
 :meth:`Transformer.forward` builds for the full sequence stay right, and a :class:`Block`
 adds the reduce-scattered output (local tokens) to its local residual: the same shapes.
 
-:func:`sequence_parallel` rewires a model already transformed by :func:`tensor_parallel`;
+:func:`sequence_parallel` returns a model already transformed by :func:`tensor_parallel`
+with its regions rewired (no hooks: each region is a module of its own);
 ``model(input_ids)`` keeps its signature and returns the full logits on every rank. It
 applies to whole-sequence forwards (prefill, training), whose length splits evenly; a
 one-token decode step with a KV cache has no sequence to split and is refused.
@@ -47,7 +48,6 @@ both cases the collectives of a forward send 29.2 MiB per rank.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 
 import torch
@@ -55,7 +55,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model import Transformer
-from .tensor import COLLECTIVES, VocabParallelEmbedding
+from ..transform import copy_modules
+from .layers import COLLECTIVES, RowParallelLinear, VocabParallelEmbedding
 
 
 def all_gather_sequence(x: torch.Tensor) -> torch.Tensor:
@@ -114,74 +115,96 @@ class ScatterSequence(torch.autograd.Function):
         return all_gather_sequence(grad)
 
 
-def _gather_input(module: nn.Module, args: tuple) -> tuple:
-    """Forward pre-hook: the module's first argument, the local tokens, becomes all of them."""
-    return (GatherSequence.apply(args[0]), *args[1:])
+class SequenceParallelRegion(nn.Module):
+    """Attention or the MLP of a block between g and ḡ: the local tokens are gathered into
+    the whole sequence (g), the module runs on it, and its row-parallel output layer
+    reduce-scatters its partial sums back to local tokens (ḡ). A module every rank keeps
+    whole (``shard_attention=False``) computes the complete output: each rank keeps its
+    own tokens of it."""
+
+    def __init__(self, module: nn.Module, replicated: bool):
+        super().__init__()
+        self.module, self.replicated = module, replicated
+
+    def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
+        out = self.module(GatherSequence.apply(x), *args)
+        return local_tokens(out) if self.replicated else out
 
 
-def _scatter_partial_output(module: nn.Module, args: tuple, output: torch.Tensor):
-    """Forward hook: sum the partial outputs over ranks, keeping this rank's tokens."""
-    return ScatterSequence.apply(output)
+class GatheredHead(nn.Module):
+    """The vocabulary-parallel head, fed the whole sequence (an all-gather first)."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(GatherSequence.apply(x))
 
 
-def _keep_local_output(module: nn.Module, args: tuple, output: torch.Tensor):
-    """Forward hook of a module every rank computes whole (attention kept whole by
-    ``shard_attention=False``): its output is complete, so just keep this rank's tokens."""
-    return local_tokens(output)
+def _region(module: nn.Module) -> SequenceParallelRegion:
+    """``module`` (the copy's own) between g and ḡ: its row-parallel output layer, if any,
+    reduce-scatters instead of all-reducing."""
+    outputs = [layer for layer in module.children() if isinstance(layer, RowParallelLinear)]
+    for layer in outputs:
+        layer.reduce = ScatterSequence.apply
+    return SequenceParallelRegion(module, replicated=not outputs)
 
 
-def _split_along_sequence(module: nn.Module) -> None:
-    """Gather the module's input; reduce-scatter its partial output where tensor parallelism
-    all-reduced it, or slice its complete output where the module is replicated."""
-    module.register_forward_pre_hook(_gather_input)
-    if hasattr(module, "output_all_reduce"):
-        module.output_all_reduce.remove()
-        del module.output_all_reduce
-        module.register_forward_hook(_scatter_partial_output)
-    else:
-        module.register_forward_hook(_keep_local_output)
+class SequenceParallel(nn.Module):
+    """A tensor-parallel model whose residual stream is split along the sequence
+    (:func:`sequence_parallel`); ``model(input_ids)`` returns the full logits on every
+    rank. It refuses, before any collective, a call it cannot split."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, input_ids: torch.Tensor, cache=None, attention_mask=None,
+                last_only: bool = False) -> torch.Tensor:
+        seq, world = input_ids.shape[1], dist.get_world_size()
+        if cache is not None:
+            raise ValueError("sequence parallelism splits a whole sequence (prefill or "
+                             "training); a decode step with a KV cache has no sequence to "
+                             "split: decode with a tensor-parallel model without "
+                             "sequence_parallel()")
+        if last_only:
+            raise ValueError("sequence parallelism computes every position's logits (the "
+                             "last token lives on the last rank): call model(input_ids) and "
+                             "take logits[:, -1:]")
+        if seq % world:
+            raise ValueError(f"sequence parallelism over {world} ranks splits the sequence "
+                             f"into equal parts, but it has {seq} tokens: pad the prompt to "
+                             f"a multiple of {world} or choose a world size that divides {seq}")
+        return self.model(input_ids, attention_mask=attention_mask)
 
 
-def _refuse_what_does_not_split(model: Transformer, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook of the model: refuse, before any collective, a call it cannot split."""
-    call = inspect.signature(model.forward).bind(*args, **kwargs).arguments
-    seq, world = call["input_ids"].shape[1], dist.get_world_size()
-    if call.get("cache") is not None:
-        raise ValueError("sequence parallelism splits a whole sequence (prefill or training); "
-                         "a decode step with a KV cache has no sequence to split: decode with "
-                         "a tensor-parallel model without sequence_parallel()")
-    if call.get("last_only"):
-        raise ValueError("sequence parallelism computes every position's logits (the last "
-                         "token lives on the last rank): call model(input_ids) and take "
-                         "logits[:, -1:]")
-    if seq % world:
-        raise ValueError(f"sequence parallelism over {world} ranks splits the sequence into "
-                         f"equal parts, but it has {seq} tokens: pad the prompt to a multiple "
-                         f"of {world} or choose a world size that divides {seq}")
-
-
-def sequence_parallel(model: Transformer) -> Transformer:
-    """Shard the residual stream of a :func:`tensor_parallel` model along the sequence
-    between its tensor-parallel regions (in place, same process group). Per forward each
-    rank runs 2L + 1 reduce-scatters (the embedding's and ḡ after attention and the MLP of
-    each of L blocks), 2L + 1 all-gathers along the sequence (g before them, and one before
-    the head) and the head's all-gather of logits: the bytes tensor parallelism moves.
-    Attention kept whole (``shard_attention=False``) still gathers its input, then keeps its
-    own tokens of the complete output: L + 1 reduce-scatters. In training, each rank's
-    gradient of a norm weight covers its own tokens: the sum over ranks is the whole one."""
-    embedding = model.embed_tokens
-    if not isinstance(embedding, VocabParallelEmbedding):
+def sequence_parallel(model: Transformer) -> SequenceParallel:
+    """``model`` (a :func:`tensor_parallel` rank's model, which is not changed) with its
+    residual stream sharded along the sequence between its tensor-parallel regions (same
+    process group). Per forward each rank runs 2L + 1 reduce-scatters (the embedding's and
+    ḡ after attention and the MLP of each of L blocks), 2L + 1 all-gathers along the
+    sequence (g before them, and one before the head) and the head's all-gather of logits:
+    the bytes tensor parallelism moves. Attention kept whole (``shard_attention=False``)
+    still gathers its input, then keeps its own tokens of the complete output: L + 1
+    reduce-scatters. In training, each rank's gradient of a norm weight covers its own
+    tokens: the sum over ranks is the whole one."""
+    if isinstance(model, SequenceParallel):
+        raise ValueError("this model is already sequence-parallel")
+    if not isinstance(model.embed_tokens, VocabParallelEmbedding):
         raise ValueError("sequence_parallel() applies to a tensor-parallel model: call "
                          "tensor_parallel(model) first")
-    if embedding.reduce is ScatterSequence.apply:
-        raise ValueError("this model is already sequence-parallel")
-    embedding.reduce = ScatterSequence.apply
-    for block in model.layers:
-        _split_along_sequence(block.attn)
-        _split_along_sequence(block.mlp)
-    model.lm_head.register_forward_pre_hook(_gather_input)
-    model.register_forward_pre_hook(_refuse_what_does_not_split, with_kwargs=True)
-    return model
+    split = copy_modules(model)
+    split.embed_tokens.reduce = ScatterSequence.apply
+    for block in split.layers:
+        block.attn = _region(block.attn)
+        block.mlp = _region(block.mlp)
+    split.lm_head = GatheredHead(split.lm_head)
+    return SequenceParallel(split)
 
 
 @contextmanager

@@ -1,19 +1,11 @@
-"""Tensor parallelism as a transformation of the plain model (Megatron-LM, Shoeybi et al. 2019).
+"""Tensor parallelism as a transformation: a rank's model, with its slice of every weight.
 
-Each of ``t`` processes keeps a slice of every weight and computes with it; an all-reduce
-puts the pieces back together where the math needs the whole. For a linear y = x Wᵀ:
-
-* **column-parallel** (W split by output rows, ``dim=0``): rank r computes y[..., its
-  columns] from the whole x — no communication; used for q/k/v and for gate/up;
-* **row-parallel** (W split by input columns, ``dim=1``): rank r computes a partial sum
-  from its slice of x, and summing over ranks gives y — used for o_proj and down_proj,
-  right after the column-parallel layer whose output slice is exactly their input slice.
-
-So attention and the MLP each cost one all-reduce (Megatron §3, eq. 3): two per block,
-on the outputs of :class:`Attention` and :class:`MLP`. The sharded layers stay ordinary
-layers (an ``nn.Linear`` keeps being one, a quantized ``QuantLinear`` too); the all-reduce
-is a forward hook on the attention and MLP modules, so this file changes what each rank
-*stores*, never how the model is written.
+Each of ``t`` processes keeps a slice of every weight and computes with it; a collective
+puts the pieces back together where the math needs the whole (Megatron-LM, Shoeybi et
+al. 2019). The layers that do so are in :mod:`.layers`: column-parallel q/k/v and gate/up
+(no communication), row-parallel o_proj and down_proj (an all-reduce each: two per block,
+Megatron §3, eq. 3), a vocabulary-parallel embedding (an all-reduce) and head (an
+all-gather).
 
 Attention splits by **KV-head groups**: rank r keeps KV heads [r·g, (r+1)·g) and the query
 heads that read them, so each rank's attention is ordinary GQA on its own heads. SmolLM2
@@ -21,21 +13,18 @@ heads that read them, so each rank's attention is ordinary GQA on its own heads.
 keeps attention whole on every rank (each computes it redundantly, no all-reduce) and
 shards only the MLP and the vocabulary — 61% of the block's weights.
 
-The vocabulary splits too: rank r keeps the embedding rows of tokens [r·V/t, (r+1)·V/t);
-a lookup zeroes the tokens it does not own and an all-reduce completes it. The tied LM
-head is the same shard (logits for its own tokens), and an all-gather joins the logits.
-A row-parallel bias is kept by rank 0 only, so the sum counts it once.
+The vocabulary splits too: rank r keeps the embedding rows of tokens [r·V/t, (r+1)·V/t)
+and the tied LM head is the same shard. A row-parallel bias is kept by rank 0 only, so
+the sum counts it once.
 
-:func:`tensor_parallel` transforms a loaded model in place on every rank;
-:func:`minillm.parallel.loading.load_shard` builds the same rank model reading only its
-slice of the safetensors file. Every collective goes through :func:`all_reduce` /
-:func:`all_gather_last`, which count them (:data:`COLLECTIVES`).
+:func:`tensor_parallel` returns rank r's model and leaves the model it was given as it
+was; :func:`minillm.parallel.loading.load_shard` builds the same rank model reading only
+its slice of the safetensors file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -45,27 +34,13 @@ from torch import nn
 from ..model import Transformer
 from ..quant.basic import Quantized
 from ..quant.qlinear import QuantLinear
+from ..transform import copy_modules
+from .layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
-COLLECTIVES: Counter = Counter()  # "all_reduce" / "all_gather" calls on this rank
 ShardWeight = Callable[[torch.Tensor, int, int, int], torch.Tensor]
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
-
-
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum ``x`` over every rank (in place), counted."""
-    COLLECTIVES["all_reduce"] += 1
-    dist.all_reduce(x)
-    return x
-
-
-def all_gather_last(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along the last dimension, in rank order, counted."""
-    COLLECTIVES["all_gather"] += 1
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts, dim=-1)
 
 
 def shard_weight(weight: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
@@ -144,58 +119,26 @@ def shard_linear(layer: nn.Module, dim: int, rank: int, world: int,
     return sharded
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Embedding rows of the tokens [start, start + rows); other tokens look up zeros, and
-    the all-reduce fills them in from their owners."""
-
-    def __init__(self, weight: torch.Tensor, rank: int):
-        super().__init__()
-        self.rows = weight.shape[0]
-        self.start = rank * self.rows
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.reduce = all_reduce  # sequence parallelism swaps in a reduce-scatter
-
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        local = token_ids - self.start
-        owned = (local >= 0) & (local < self.rows)
-        x = nn.functional.embedding(local.clamp(0, self.rows - 1), self.weight)
-        return self.reduce(x * owned[..., None])
-
-
-class VocabParallelHead(nn.Module):
-    """Logits of this rank's tokens, gathered into the full vocabulary."""
-
-    def __init__(self, weight: nn.Parameter):
-        super().__init__()
-        self.weight = weight  # the embedding shard's parameter when they are tied
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_last(x @ self.weight.T)
-
-
-def _reduce_output(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
-    """Forward hook: the module's output is a partial sum on each rank; sum it."""
-    return all_reduce(output)
-
-
 def _shard_module(module: nn.Module, rank: int, world: int, shard: ShardWeight) -> None:
-    """Shard an Attention or MLP module's linears and all-reduce its output (the hook's
-    handle is ``module.output_all_reduce``: sequence parallelism replaces it)."""
+    """Make an Attention or MLP module's linears column- or row-parallel shards of
+    themselves (``module`` is the rank model's own copy)."""
     for name in COLUMN_PARALLEL + ROW_PARALLEL:
         if hasattr(module, name):
             dim = 0 if name in COLUMN_PARALLEL else 1
-            setattr(module, name, shard_linear(getattr(module, name), dim, rank, world, shard))
-    module.output_all_reduce = module.register_forward_hook(_reduce_output)
+            layer = shard_linear(getattr(module, name), dim, rank, world, shard)
+            setattr(module, name, ColumnParallelLinear(layer) if dim == 0 else
+                    RowParallelLinear(layer))
 
 
 def tensor_parallel(model: Transformer, rank: int | None = None, world: int | None = None,
                     *, shard_attention: bool = True,
                     shard: ShardWeight = shard_weight) -> Transformer:
-    """Keep this rank's slice of every weight of ``model`` (in place) and wire in the
-    collectives; ``rank`` / ``world`` default to the initialised process group's.
+    """Rank ``rank``'s model of ``world``: every weight of ``model`` cut to its slice and
+    the collectives wired in (``model`` itself is not changed). ``rank`` / ``world``
+    default to the initialised process group's.
 
     ``shard(weight, dim, rank, world)`` cuts every tensor (pass your own to check it). The
-    model's ``config`` becomes the rank's — its query and KV heads (so KV caches are sized
+    rank model's ``config`` is the rank's: its query and KV heads (so KV caches are sized
     from them) and its MLP width."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
@@ -204,23 +147,26 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
                          f"{dist.get_world_size()} ranks; shard over the group's size")
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is not one of the {world} ranks 0..{world - 1}")
+    if any(isinstance(m, VocabParallelEmbedding) for m in model.modules()):
+        raise ValueError("this model is already a tensor-parallel rank's model; shard the "
+                         "whole model")
     config = model.config
     check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
                 config.vocab_size, world, shard_attention)
     heads = config.num_heads // world if shard_attention else config.num_heads
     kv_heads = config.num_kv_heads // world if shard_attention else config.num_kv_heads
-    for block in model.layers:
+    ranked = copy_modules(model)
+    for block in ranked.layers:
         if shard_attention:
             _shard_module(block.attn, rank, world, shard)
             block.attn.num_heads, block.attn.num_kv_heads = heads, kv_heads
         _shard_module(block.mlp, rank, world, shard)
     tied = model.lm_head.weight is model.embed_tokens.weight
-    head = model.lm_head.weight.detach()
-    model.embed_tokens = VocabParallelEmbedding(
+    ranked.embed_tokens = VocabParallelEmbedding(
         shard(model.embed_tokens.weight.detach(), 0, rank, world), rank)
-    model.lm_head = VocabParallelHead(model.embed_tokens.weight if tied else
-                                      nn.Parameter(shard(head, 0, rank, world),
-                                                   requires_grad=False))
-    model.config = dataclasses.replace(config, num_heads=heads, num_kv_heads=kv_heads,
-                                       intermediate_size=config.intermediate_size // world)
-    return model
+    ranked.lm_head = ParallelLMHead(ranked.embed_tokens.weight if tied else
+                                    nn.Parameter(shard(model.lm_head.weight.detach(), 0,
+                                                       rank, world), requires_grad=False))
+    ranked.config = dataclasses.replace(config, num_heads=heads, num_kv_heads=kv_heads,
+                                        intermediate_size=config.intermediate_size // world)
+    return ranked

@@ -80,14 +80,15 @@ class Int8ActivationLinear(CompressedLinear):
 
 
 def to_int8_activations(model: torch.nn.Module) -> torch.nn.Module:
-    """Give every per-channel int8 linear (and a tied int8 head) int8 activations (W8A8), and
-    every grouped int4 linear too (W4A8, :class:`~minillm.quant.w4a8.W4A8Linear`), in place.
+    """A copy of ``model`` (``model`` is left as it was) whose per-channel int8 linears (and
+    tied int8 head) take int8 activations (W8A8), and whose grouped int4 linears too (W4A8,
+    :class:`~minillm.quant.w4a8.W4A8Linear`).
 
     Takes a model with int8/int4 :class:`~minillm.quant.qlinear.QuantLinear` layers (e.g.
     from ``quantize_model(model, "rtn", QuantScheme(8, symmetric=True, group_size=None))``)
     or their weight-only form; other layers are left as they are.
     """
-    to_weight_only(model)
+    model = to_weight_only(model)  # a copy: the swaps below change only it
     for name, module in list(model.named_modules()):
         if Int8ActivationLinear.supports(module):
             model.set_submodule(name, Int8ActivationLinear.from_weight_only(module))

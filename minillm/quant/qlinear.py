@@ -99,3 +99,18 @@ def model_nbytes(model: nn.Module) -> int:
         else set()
     return sum(t.nbytes for ptr, t in tensors.items() if ptr not in rope)
 
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every stored tensor once, except the embedding
+    table, of which a step reads one row (unless the lm_head shares it: then it is read in
+    full). Works for any storage format (fp32, transposed, quantized, compact embedding)."""
+    embedding = _stored_tensors(model.embed_tokens)
+    shared_with_head = embedding.keys() & _stored_tensors(model.lm_head).keys()
+    total = model_nbytes(model)
+    if not shared_with_head:
+        total -= sum(t.nbytes for t in embedding.values())
+    return total
+
+
+def _stored_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:
+    return {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}

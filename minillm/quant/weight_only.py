@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..linear import MAX_REDUCTION_ROWS, CompressedLinear
+from ..transform import copy_modules
 from .embedding import CompactEmbedding, TiedLMHead
 from .qlinear import QuantLinear
 
@@ -130,8 +131,10 @@ class WeightOnlyLinear(CompressedLinear):
 
 
 def to_weight_only(model: nn.Module) -> nn.Module:
-    """Give every int8/int4 :class:`QuantLinear` and a tied int8 head the decode layout, in
-    place (other layers are left as they are); the model computes the same numbers."""
+    """A copy of ``model`` (sharing the tensors it does not change; ``model`` is left as it
+    was) whose int8/int4 :class:`QuantLinear` layers and tied int8 head have the decode
+    layout; it computes the same numbers."""
+    model = copy_modules(model)
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear) and WeightOnlyLinear.supports(module):
             model.set_submodule(name, WeightOnlyLinear.from_quant_linear(module))

@@ -1,23 +1,25 @@
 """The engine behind an asyncio server: one step at a time in a worker thread.
 
-The engine (:class:`~minillm.serve.llm.LLM`) is a plain synchronous object: ``step()``
-runs one forward pass. A web server is asynchronous: many request handlers wait at once,
-and none may block the event loop for the ~50 ms a step takes. :class:`AsyncEngine`
-joins the two:
+The engine core (:class:`~minillm.engine.core.EngineCore`) is a plain synchronous object:
+``step()`` runs one forward pass. A web server is asynchronous: many request handlers wait
+at once, and none may block the event loop for the ~50 ms a step takes.
+:class:`AsyncEngine` joins the two:
 
 * one task, :meth:`run`, steps the engine while it has work, each step in the engine's own
   thread (:class:`StepThread`), so the event loop keeps accepting connections meanwhile;
+* a step returns immutable deltas; back on the event loop the output processor turns
+  them into each sample's :class:`~.output_processor.Update` (text, stop strings), and
+  each goes into the queue its handler reads. Nothing outside the engine thread ever
+  reads the engine's sequences;
 * handlers never touch the engine directly. New requests and cancellations are queued and
   applied *between* steps, on the event loop, so the scheduler is never changed while a
-  step runs;
-* after each step, every request that is still followed gets its ``updated`` event set;
-  its handler then reads the new tokens from the request's :class:`Sequence`.
+  step runs.
 
 Failures never vanish into the task. A step that raises has already failed its own
-requests inside the engine (``finish_reason`` "error"), and the loop goes on. If the
-engine cannot go on (:class:`~.errors.EngineDeadError`, or any error outside a step's
-computation), :attr:`dead` says why, every followed request is woken to find its error,
-and :meth:`submit` refuses new ones at once. The step thread is a daemon: a step stuck in
+requests inside the engine (their updates say "error"), and the loop goes on. If the
+engine cannot go on (:class:`~minillm.engine.errors.EngineDeadError`, or any error outside
+a step's computation), :attr:`dead` says why, every followed request gets its error, and
+:meth:`submit` refuses new ones at once. The step thread is a daemon: a step stuck in
 native code cannot keep the process from exiting.
 """
 
@@ -29,36 +31,40 @@ import queue
 import threading
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..engine.errors import EngineDeadError
 from ..sampling import SamplingParams
-from .errors import EngineDeadError
 from .llm import LLM
-from .sequence import Sequence
+from .output_processor import OutputProcessor, RequestOutput, Update
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Request:
-    """One request as a handler follows it: its sequence and its samples (``n > 1``)."""
+    """One request as a handler follows it: its output (growing as updates come), the
+    queue its samples' updates go to (a handler may share one queue between the requests
+    it follows), and why the engine refused it at submission, if it did."""
 
-    seq: Sequence
-    updated: asyncio.Event = field(default_factory=asyncio.Event)
+    output: RequestOutput
+    updates: asyncio.Queue[Update]
+    rejected: str | None = None
 
     @property
-    def samples(self) -> list[Sequence]:
-        return [self.seq, *self.seq.samples]
+    def request_id(self) -> int:
+        return self.output.request_id
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.samples)
+        return self.output.finished
 
 
 @dataclass
 class _Submission:
     prompt: list[int]
     params: SamplingParams
+    updates: asyncio.Queue[Update]
     accepted: asyncio.Future
 
 
@@ -98,30 +104,35 @@ def _settle(future: asyncio.Future, result, error: BaseException | None) -> None
 
 
 class AsyncEngine:
-    def __init__(self, llm: LLM):
+    def __init__(self, llm: LLM, processor: OutputProcessor | None = None):
+        """``processor``: how the followed requests' text is made (default: the engine's
+        own; a server passes one with its detokenizer rules)."""
         self.llm = llm
+        self.processor = processor or llm.processor
         self.submissions: list[_Submission] = []
-        self.cancellations: list[Sequence] = []
-        self.followed: list[Request] = []
+        self.cancellations: list[tuple[int, int | None]] = []
+        self.followed: dict[int, Request] = {}
         self.work = asyncio.Event()  # set when something is queued for the engine
         self.dead: str | None = None  # why the engine stopped, once it has
         self.steps = StepThread()
 
-    async def submit(self, prompt: Seq[int], params: SamplingParams) -> Request:
-        """Queue a request; returns once the engine has taken it (or finished it with an
-        error: see ``request.seq.error``). Raises :class:`EngineDeadError` once the engine
-        has stopped."""
+    async def submit(self, prompt: Seq[int], params: SamplingParams,
+                     updates: asyncio.Queue[Update] | None = None) -> Request:
+        """Queue a request whose updates go to ``updates`` (default: a queue of its own);
+        returns once the engine has taken it (or refused it: ``request.rejected`` says
+        why). Raises :class:`EngineDeadError` once the engine has stopped."""
         if self.dead is not None:
             raise EngineDeadError(self.dead)
         accepted = asyncio.get_running_loop().create_future()
-        self.submissions.append(_Submission(list(prompt), params, accepted))
+        self.submissions.append(_Submission(list(prompt), params, updates or asyncio.Queue(),
+                                            accepted))
         self.work.set()
         return await accepted
 
-    def cancel(self, seq: Sequence) -> None:
-        """Abort ``seq`` (one sample, or a whole request when given its first sequence and
-        it has no other unfinished samples) before the next step; its blocks are freed."""
-        self.cancellations.append(seq)
+    def cancel(self, request: Request, index: int | None = None) -> None:
+        """Abort a request (or its sample ``index``) before the next step; its blocks are
+        freed."""
+        self.cancellations.append((request.request_id, index))
         self.work.set()
 
     async def run(self) -> None:
@@ -133,8 +144,10 @@ class AsyncEngine:
                     self.work.clear()
                     await self.work.wait()
                     continue
-                await self.steps.run(self.llm.step)
-                self._notify()
+                deltas = await self.steps.run(self.llm.core.step)
+                self._dispatch(self.llm.process(deltas, self.processor))
+                if self.llm.core.dead is not None:
+                    raise EngineDeadError(self.llm.core.dead)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # noqa: BLE001 - the engine cannot go on
@@ -146,33 +159,44 @@ class AsyncEngine:
             logger.error("the engine stopped", exc_info=error)
         self.dead = str(error) if isinstance(error, EngineDeadError) else (
             f"the engine stopped ({type(error).__name__}: {error}); restart the server")
-        if self.llm.dead is None:
-            self.llm.stop(self.dead)
+        if self.llm.core.dead is None:
+            self._dispatch(self.llm.process(self.llm.core.stop(self.dead), self.processor))
         for submission in self.submissions:
             _settle(submission.accepted, None, EngineDeadError(self.dead))
         self.submissions = []
-        self._notify()
 
     def _apply_queued(self) -> None:
         submissions, self.submissions = self.submissions, []
         for submission in submissions:
             try:
-                request = Request(self.llm.add_request(submission.prompt, submission.params))
+                output = self.llm.admit(submission.prompt, submission.params, self.processor)
             except Exception as error:  # noqa: BLE001 - that submitter gets the error
                 _settle(submission.accepted, None, error)
                 continue
+            request = Request(output, submission.updates,
+                              output.error if output.finished else None)
             if submission.accepted.cancelled():  # its client went away while it queued
-                self.llm.abort(request.seq)
-                continue
-            self.followed.append(request)
-            submission.accepted.set_result(request)
+                self._abort(request.request_id)
+            elif not request.finished:
+                self.followed[request.request_id] = request
+            if not submission.accepted.cancelled():
+                submission.accepted.set_result(request)
         cancellations, self.cancellations = self.cancellations, []
-        for seq in cancellations:
-            self.llm.abort_sample(seq)
-        if submissions or cancellations:
-            self._notify()
+        for request_id, index in cancellations:
+            self._abort(request_id, index)
 
-    def _notify(self) -> None:
-        for request in self.followed:
-            request.updated.set()
-        self.followed = [r for r in self.followed if not r.finished]
+    def _abort(self, request_id: int, index: int | None = None) -> None:
+        """Cancel in the core, and stop following what no longer runs."""
+        self.llm.core.abort(request_id, index)
+        self.processor.abort(request_id, index)
+        request = self.followed.get(request_id)
+        if request is not None and request.finished:
+            del self.followed[request_id]
+
+    def _dispatch(self, updates: list[Update]) -> None:
+        """Hand each update to its request's handler."""
+        for update in updates:
+            if (request := self.followed.get(update.request_id)) is not None:
+                request.updates.put_nowait(update)
+        self.followed = {request_id: request for request_id, request in self.followed.items()
+                         if not request.finished}

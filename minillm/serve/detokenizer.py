@@ -12,9 +12,13 @@ each new token and send it" wrong:
   stop string is held back; when a stop string appears, the text before it is the last
   piece and the request ends.
 
-:class:`IncrementalDetokenizer` decodes the whole output each time (simple and exact: a
-token's text can depend on its neighbours) and hands out only the new, safe part, which
-:func:`next_delta` works out from that text and how much of it was already sent.
+:class:`IncrementalDetokenizer` keeps the output's text and hands out only the new, safe
+part, which :func:`next_delta` works out from that text and how much of it was already
+sent. The text grows without decoding the whole output again at every token (a reply of
+n tokens would cost O(n²)): a token's text can depend on its neighbours, so each step
+decodes a short window of tokens twice, from the last point where the text was complete,
+with and without the new ones, and keeps the difference (vLLM's incremental
+detokenization). The result is the text a decode of the whole output gives.
 """
 
 from __future__ import annotations
@@ -79,15 +83,33 @@ class IncrementalDetokenizer:
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already handed out
         self.stopped = False  # a stop string was found: nothing more will be sent
+        self.complete = ""  # the text of tokens[:read], which ends on a whole character
+        self.prefix, self.read = 0, 0  # the window starts at prefix; its text is known to read
+        self.pending = ""  # text after `complete`, still ending in an incomplete character
 
     def text(self) -> str:
-        return self.tokenizer.decode(self.tokens)
+        """The whole output's text (an incomplete character at its end shows as "\ufffd")."""
+        return self.complete + self.pending
+
+    def _decode_new(self) -> None:
+        """Extend the text by the tokens after ``read``: decode the window from ``prefix``
+        with and without them and keep the difference, so a token is read in context."""
+        known = self.tokenizer.decode(self.tokens[self.prefix:self.read])
+        window = self.tokenizer.decode(self.tokens[self.prefix:])
+        new = window[len(known):]
+        if new.endswith("\ufffd"):  # wait for the character's other bytes
+            self.pending = new
+            return
+        self.complete += new
+        self.pending = ""
+        self.prefix, self.read = self.read, len(self.tokens)
 
     def push(self, tokens: Sequence[int]) -> str:
         """Add new output tokens; returns the text that is now safe to send."""
         if self.stopped:
             return ""
         self.tokens.extend(tokens)
+        self._decode_new()
         delta, self.sent, self.stopped = self.next_delta(self.text(), self.sent, self.stops,
                                                          self.hold_back)
         return delta

@@ -14,10 +14,16 @@ wall time from the first arrival to the last token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from .sequence import Sequence
+
+class Timed(Protocol):
+    """A served sample's times (:class:`~.output_processor.CompletionOutput` has them)."""
+
+    arrival_time: float
+    token_times: list[float]
 
 
 @dataclass(frozen=True)
@@ -36,22 +42,22 @@ class Summary:
         return self.output_tokens / self.seconds
 
 
-def ttft(seq: Sequence) -> float:
-    return seq.token_times[0] - seq.arrival_time
+def ttft(sample: Timed) -> float:
+    return sample.token_times[0] - sample.arrival_time
 
 
-def e2e(seq: Sequence) -> float:
-    return seq.token_times[-1] - seq.arrival_time
+def e2e(sample: Timed) -> float:
+    return sample.token_times[-1] - sample.arrival_time
 
 
-def tpot(seq: Sequence) -> float | None:
+def tpot(sample: Timed) -> float | None:
     """None for a request with one output token (no time *between* tokens)."""
-    n = len(seq.token_times)
-    return (e2e(seq) - ttft(seq)) / (n - 1) if n > 1 else None
+    n = len(sample.token_times)
+    return (e2e(sample) - ttft(sample)) / (n - 1) if n > 1 else None
 
 
-def itl(seq: Sequence) -> list[float]:
-    return np.diff(seq.token_times).tolist()
+def itl(sample: Timed) -> list[float]:
+    return np.diff(sample.token_times).tolist()
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -63,16 +69,16 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "mean": float(np.mean(values))}
 
 
-def summarize(seqs: list[Sequence]) -> Summary:
+def summarize(samples: list[Timed]) -> Summary:
     """Metrics over the requests that produced at least one token."""
-    served = [seq for seq in seqs if seq.token_times]
+    served = [sample for sample in samples if sample.token_times]
     if not served:
         raise ValueError("no request produced a token")
-    start = min(seq.arrival_time for seq in served)
-    end = max(seq.token_times[-1] for seq in served)
+    start = min(sample.arrival_time for sample in served)
+    end = max(sample.token_times[-1] for sample in served)
     tpots = [t for t in map(tpot, served) if t is not None]
     return Summary(
-        requests=len(served), output_tokens=sum(len(seq.token_times) for seq in served),
+        requests=len(served), output_tokens=sum(len(sample.token_times) for sample in served),
         seconds=end - start, ttft=percentiles([ttft(s) for s in served]),
         tpot=percentiles(tpots), itl=percentiles([x for s in served for x in itl(s)]),
         e2e=percentiles([e2e(s) for s in served]))

@@ -8,7 +8,7 @@ schema, a list of choices or a grammar.
 :mod:`.spec` describes a constraint; :mod:`.regex_automaton` and :mod:`.token_mask` are the
 lesson (regex -> character automaton -> token mask); :mod:`.backend` puts the course's
 automaton and the production library (xgrammar) behind one interface the engine uses
-(:mod:`minillm.serve.structured`).
+(:mod:`minillm.engine.structured`).
 """
 
 from .spec import Choice, Grammar, JsonObject, JsonSchema, Regex, StructuredOutput

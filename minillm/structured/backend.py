@@ -63,7 +63,7 @@ def describe(spec: StructuredOutput) -> str:
 def check_json_schema(schema: dict) -> None:
     """Raise ValueError if ``schema`` is not a valid JSON schema (the ``jsonschema``
     package's meta-schema check)."""
-    import jsonschema
+    import jsonschema  # loaded when a schema is first checked
 
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -92,7 +92,7 @@ class XGrammarBackend:
     """
 
     def __init__(self, tokenizer, vocab_size: int, stop_tokens: list[int]):
-        import xgrammar
+        import xgrammar  # heavy: loaded when the first constraint is compiled
 
         self.xgr = xgrammar
         self.vocab_size = vocab_size

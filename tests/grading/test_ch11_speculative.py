@@ -17,6 +17,7 @@ from minillm.generate import generate
 from minillm.grading import load_impl
 from minillm.kv_cache import KVCache
 from minillm.sampling import SamplingParams
+from minillm.speculative_generate import DraftModel, speculative_generate
 from minillm.testing import tiny_pair
 
 impl = load_impl("ch11_speculative")
@@ -148,12 +149,12 @@ def test_your_rule_in_speculative_decoding(models):
     sampled run gives the library's tokens."""
     target, draft = models
     greedy = SamplingParams()
-    got, _ = library.speculative_generate(target, library.DraftModel(draft), PROMPT,
-                                          24, greedy, gamma=4, verifier=impl.verify)
+    got, _ = speculative_generate(target, DraftModel(draft), PROMPT, 24, greedy, gamma=4,
+                                  verifier=impl.verify)
     assert got == generate(target, PROMPT, 24)[0]
     sampled = SamplingParams(temperature=0.8, top_k=20, seed=4)
-    runs = [library.speculative_generate(target, library.DraftModel(draft), PROMPT,
-                                         24, sampled, gamma=3, verifier=rule)[0]
+    runs = [speculative_generate(target, DraftModel(draft), PROMPT, 24, sampled, gamma=3,
+                                 verifier=rule)[0]
             for rule in (impl.verify, library.verify)]
     assert runs[0] == runs[1]
 

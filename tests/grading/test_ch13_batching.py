@@ -9,21 +9,23 @@ tiny random model.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minillm.config import ModelConfig
+from minillm.engine.block_manager import BlockManager, chain_hash
+from minillm.engine.sampler import Sampled
+from minillm.engine.scheduler import Scheduler, plan_chunked_step, preemption_victims
+from minillm.engine.sequence import Sequence
+from minillm.engine.simulator import CostModel, simulate
+from minillm.experiments.workload import TraceRequest
 from minillm.grading import load_impl
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.serve import metrics as library_metrics
-from minillm.serve.block_manager import BlockManager, chain_hash
-from minillm.serve.scheduler import Scheduler, plan_chunked_step, preemption_victims
-from minillm.serve.sequence import Sequence
-from minillm.serve.simulator import CostModel, simulate
-from minillm.serve.workload import TraceRequest
 from minillm.testing import varied_random_model
 
 impl = load_impl("ch13_batching")
@@ -98,14 +100,15 @@ def test_latencies_of_a_single_token():
 def test_latencies_match_the_library():
     rng = random.Random(2)
     for _ in range(100):
-        seq = Sequence(prompt=[1], arrival_time=rng.uniform(0, 100))
+        arrival = rng.uniform(0, 100)
         gaps = [rng.expovariate(10) for _ in range(rng.randint(1, 30))]
-        seq.token_times = list(seq.arrival_time + torch.tensor(gaps).cumsum(0).numpy())
-        got = impl.request_latencies(seq.arrival_time, seq.token_times)
-        assert got["ttft"] == pytest.approx(library_metrics.ttft(seq))
-        assert got["e2e"] == pytest.approx(library_metrics.e2e(seq))
-        assert got["tpot"] == pytest.approx(library_metrics.tpot(seq))
-        assert list(got["itl"]) == pytest.approx(library_metrics.itl(seq))
+        sample = SimpleNamespace(arrival_time=arrival,  # what the metrics read of a sample
+                                 token_times=list(arrival + torch.tensor(gaps).cumsum(0).numpy()))
+        got = impl.request_latencies(sample.arrival_time, sample.token_times)
+        assert got["ttft"] == pytest.approx(library_metrics.ttft(sample))
+        assert got["e2e"] == pytest.approx(library_metrics.e2e(sample))
+        assert got["tpot"] == pytest.approx(library_metrics.tpot(sample))
+        assert list(got["itl"]) == pytest.approx(library_metrics.itl(sample))
 
 
 # -- 13.3 static batching ---------------------------------------------------------------
@@ -119,8 +122,8 @@ def scheduler_steps(lengths: list[int], max_batch: int) -> int:
     steps = 0
     while scheduler.has_work:
         step = scheduler.schedule()
-        scheduler.finish_step(step, {s.id: [5] for s, n in step.work
-                                     if s.num_computed + n == s.num_tokens})
+        scheduler.apply(step, {}, {s.id: Sampled([5]) for s, n in step.work
+                                   if s.num_computed + n == s.num_tokens})
         steps += 1
     return steps
 
@@ -220,14 +223,16 @@ LONGER = SamplingParams(max_tokens=16)
 def preemption_history(model, preempt) -> tuple[list[list[int]], list[list[int]]]:
     """Serve PROMPTS, 16 tokens each, on a pool of 12 blocks of 4 (they need 34 in all at
     the end): each request's tokens, and per step the prompts (by index) it preempted."""
-    history = []
+    history, ids = [], []
     llm = LLM(model, block_size=4, num_blocks=12, prefix_caching=False,
               scheduler=SchedulerConfig(max_batch=5, max_tokens_per_step=16, preempt=preempt),
-              on_step=lambda step: history.append([PROMPTS.index(s.prompt)
-                                                   for s in step.preempted]))
-    outputs = llm.generate(PROMPTS, LONGER, progress=False)
+              on_step=lambda report: history.append([ids.index(p.request_id)
+                                                     for p in report.preempted]))
+    ids += [llm.add_request(p, LONGER) for p in PROMPTS]
+    while llm.has_work:
+        llm.step()
     assert llm.free_blocks() == 12
-    return [o.tokens for o in outputs], history
+    return [llm.output(i).tokens for i in ids], history
 
 
 @pytest.mark.exercise("13.5", points=2)

@@ -130,14 +130,15 @@ def test_tensor_parallel_with_your_shard_weight():
     model = varied_random_model(ModelConfig(**TINY))
     world = 2
     for rank in range(world):
-        mine = tensor_parallel(copy.deepcopy(model), rank, world, shard=impl.shard_weight)
-        theirs = tensor_parallel(copy.deepcopy(model), rank, world)
+        mine = tensor_parallel(model, rank, world, shard=impl.shard_weight)
+        theirs = tensor_parallel(model, rank, world)
         mine, theirs = mine.state_dict(), theirs.state_dict()
         assert mine.keys() == theirs.keys()
         for name, tensor in theirs.items():
             assert torch.equal(mine[name], tensor), f"rank {rank}: {name}"
-    gate = [tensor_parallel(copy.deepcopy(model), rank, world, shard=impl.shard_weight)
-            .layers[0].mlp.gate_proj.weight for rank in range(world)]
+    # a rank's gate_proj is a ColumnParallelLinear holding its rows as an ordinary layer
+    gate = [tensor_parallel(model, rank, world, shard=impl.shard_weight)
+            .layers[0].mlp.gate_proj.shard.weight for rank in range(world)]
     assert torch.equal(torch.cat(gate, dim=0), model.layers[0].mlp.gate_proj.weight)
 
 

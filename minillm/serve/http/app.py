@@ -16,14 +16,14 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 
+from ...engine.errors import EngineDeadError
 from ..async_engine import AsyncEngine
 from ..async_engine import Request as EngineRequest
 from ..detokenizer import HoldBack, NextDelta, held_back, next_delta
-from ..errors import EngineDeadError
 from ..llm import LLM
-from ..sequence import FinishReason
+from ..output_processor import OutputProcessor
 from .errors import ApiError, _documented, answer_errors_as_openai
-from .following import Follower, failure, sample_error, usage_of
+from .following import Follower, failure, usage_of
 from .prometheus import ServerMetrics
 from .responses import Reply, _best, _chat_choice, _completion_choice, sse_event
 from .schemas import ChatRequest, CompletionRequest, GenerationRequest
@@ -36,17 +36,19 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                next_delta: NextDelta = next_delta,
                on_engine_stop: Callable[[str], None] | None = None,
                api_key: str | None = None) -> FastAPI:
-    """The server's ASGI app around ``llm`` (which needs a tokenizer). ``hold_back`` is the
-    detokenizer's rule for text that may start a stop string and ``next_delta`` its step
-    that decides what to send (chapter 15: yours, exercises 15.2 and 15.4).
+    """The server's ASGI app around ``llm`` (which needs a tokenizer). Its requests' text is
+    made by an output processor of its own, whose detokenizer has the rule ``hold_back``
+    for text that may start a stop string and the step ``next_delta`` that decides what to
+    send (chapter 15: yours, exercises 15.2 and 15.4).
     ``on_engine_stop(reason)`` is called once if the engine stops for good. With an
     ``api_key``, every ``/v1`` endpoint wants ``Authorization: Bearer <api_key>`` (as
     vLLM's ``--api-key``); the chat page, ``/health`` and ``/metrics`` stay open."""
     if llm.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer")
-    engine = AsyncEngine(llm)
+    engine = AsyncEngine(llm, OutputProcessor(llm.tokenizer, hold_back=hold_back,
+                                              next_delta=next_delta))
     server_metrics = ServerMetrics(llm)
-    follower = Follower(engine, llm.tokenizer, hold_back, next_delta, server_metrics.record)
+    follower = Follower(engine, server_metrics.record)
 
     def engine_ended(task: asyncio.Task) -> None:
         if engine.dead is not None and on_engine_stop is not None:
@@ -83,9 +85,11 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
     async def prometheus():
         return PlainTextResponse(generate_latest(server_metrics.registry).decode())
 
-    async def start(body: GenerationRequest, prompts: list[list[int]]) -> list[EngineRequest]:
-        """One engine request per prompt, submitted together (they join the same step);
-        if one is refused, the others are cancelled and the whole request gets the 400."""
+    async def start(body: GenerationRequest, prompts: list[list[int]]
+                    ) -> tuple[list[EngineRequest], asyncio.Queue]:
+        """One engine request per prompt, submitted together (they join the same step) and
+        reporting to one queue; if one is refused, the others are cancelled and the whole
+        request gets the 400."""
         if body.model != model_name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server has "
                            f"{model_name!r}", param="model", code="model_not_found")
@@ -98,13 +102,15 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
                       for prompt in prompts]
         except ValueError as error:
             raise ApiError(400, str(error)) from None
-        submitted = await asyncio.gather(*map(engine.submit, prompts, params),
+        updates = asyncio.Queue()
+        submitted = await asyncio.gather(*(engine.submit(prompt, sp, updates)
+                                           for prompt, sp in zip(prompts, params, strict=True)),
                                          return_exceptions=True)
         requests = [r for r in submitted if isinstance(r, EngineRequest)]
         failed = next((r for r in submitted if isinstance(r, BaseException)), None)
-        rejected = next((r.seq.error for r in requests if r.seq.error is not None), None)
+        rejected = next((r.rejected for r in requests if r.rejected is not None), None)
         if failed is None and rejected is None:
-            return requests
+            return requests, updates
         for request in requests:
             follower.cancel(request)
             server_metrics.record(request, "rejected")
@@ -117,44 +123,46 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
     @app.post("/v1/completions", responses=_documented(400, 401, 404, 500, 503, streams=True))
     async def completions(body: CompletionRequest):
         prompts = body.prompts()
-        requests = await start(body, [llm.tokenizer.encode(p) if isinstance(p, str) else p
-                                      for p in prompts])
+        requests, updates = await start(body, [llm.tokenizer.encode(p) if isinstance(p, str)
+                                               else p for p in prompts])
         completion_choice = partial(_completion_choice, llm.tokenizer)
         echoes, openings = [""] * len(prompts), []
         if body.echo:  # each choice starts with its prompt (streamed: in a first chunk)
             echoes = [p if isinstance(p, str) else llm.tokenizer.decode(p) for p in prompts]
             openings = [completion_choice(p * body.n + s, echo, None, None)
                         for p, echo in enumerate(echoes) for s in range(body.n)]
-        return await respond(body, requests, "text_completion", whole=completion_choice,
-                             delta=completion_choice, echoes=echoes, openings=openings)
+        return await respond(body, requests, updates, "text_completion",
+                             whole=completion_choice, delta=completion_choice, echoes=echoes,
+                             openings=openings)
 
     @app.post("/v1/chat/completions",
               responses=_documented(400, 401, 404, 500, 503, streams=True))
     async def chat_completions(body: ChatRequest):
         prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
-        requests = await start(body, [prompt])
+        requests, updates = await start(body, [prompt])
         roles = [{"index": index, "delta": {"role": "assistant", "content": ""},
                   "finish_reason": None} for index in range(body.n)]  # OpenAI's first chunks
-        return await respond(body, requests, "chat.completion",
+        return await respond(body, requests, updates, "chat.completion",
                              whole=partial(_chat_choice, llm.tokenizer, "message"),
                              delta=partial(_chat_choice, llm.tokenizer, "delta"),
                              echoes=[""], openings=roles)
 
-    async def respond(body: GenerationRequest, requests: list[EngineRequest], kind: str, *,
-                      whole, delta, echoes: list[str], openings: list[dict]):
+    async def respond(body: GenerationRequest, requests: list[EngineRequest],
+                      updates: asyncio.Queue, kind: str, *, whole, delta, echoes: list[str],
+                      openings: list[dict]):
         """The response: one JSON body built with ``whole`` choices, or an SSE stream of
         ``delta`` choices after the ``openings``. Prompt p's sample s is choice
         ``p * n + s`` (OpenAI's rule); its text follows ``echoes[p]``."""
         header = {"id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
                   "created": int(time.time()), "model": model_name}
-        pieces = follower.follow(requests, body.stops())
+        pieces = follower.follow(requests, updates)
         wanted = body.requested_logprobs() is not None
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(header, kind, pieces, requests, include_usage,
                                             wanted, delta, openings),
                                      media_type="text/event-stream")
-        replies = [Reply() for request in requests for _ in request.samples]
+        replies = [Reply() for request in requests for _ in request.output.outputs]
         async for piece in pieces:
             replies[piece.index].add(piece)
         if (failed := failure(requests)) is not None:
@@ -174,8 +182,8 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
             for opening in openings:
                 yield sse_event({**header, "object": chunk_kind, "choices": [opening], **extra})
             async for piece in pieces:
-                if piece.reason == FinishReason.ERROR.value:  # the engine failed it
-                    yield sse_event(ApiError(500, sample_error(requests, piece.index),
+                if piece.reason == "error":  # the engine failed it
+                    yield sse_event(ApiError(500, failure(requests),
                                              kind="server_error").body())
                     break
                 yield sse_event({**header, "object": chunk_kind, **extra, "choices": [

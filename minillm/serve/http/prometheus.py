@@ -29,16 +29,16 @@ class ServerMetrics:
         Gauge("minillm_kv_blocks_total", "KV-cache blocks", registry=registry) \
             .set_function(lambda: llm.blocks.num_blocks)
         Gauge("minillm_requests_waiting", "Requests queued", registry=registry) \
-            .set_function(lambda: len(llm.scheduler.waiting))
+            .set_function(lambda: llm.core.num_waiting)
         Gauge("minillm_requests_running", "Requests running", registry=registry) \
-            .set_function(lambda: len(llm.scheduler.running))
+            .set_function(lambda: llm.core.num_running)
 
     def record(self, request: EngineRequest, outcome: str) -> None:
         self.requests.labels(outcome).inc()
-        self.prompt_tokens.inc(request.seq.num_prompt_tokens)
-        for seq in request.samples:
-            self.generated_tokens.inc(len(seq.output))
-            if seq.token_times:
-                self.ttft.observe(metrics.ttft(seq))
-            if (per_token := metrics.tpot(seq)) is not None:
+        self.prompt_tokens.inc(len(request.output.prompt_tokens))
+        for sample in request.output.outputs:
+            self.generated_tokens.inc(len(sample.tokens))
+            if sample.token_times:
+                self.ttft.observe(metrics.ttft(sample))
+            if (per_token := metrics.tpot(sample)) is not None:
                 self.tpot.observe(per_token)

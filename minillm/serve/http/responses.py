@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from ...sampling import TokenLogprob
 
-if TYPE_CHECKING:
-    from .following import Piece
+
+class Piece(NamedTuple):
+    """New text of one sample, its finish reason when it ended, and the log-probabilities
+    of the tokens consumed since its last piece (empty when not recorded)."""
+
+    index: int
+    text: str
+    reason: str | None
+    logprobs: list[TokenLogprob]
 
 
 @dataclass

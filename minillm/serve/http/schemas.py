@@ -28,7 +28,8 @@ from .parts import (
 
 class GenerationRequest(RequestPart):
     """The fields shared by completions and chat completions: OpenAI's (names, defaults,
-    ranges), and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``, ``guided_*``).
+    ranges), and vLLM's extras (``top_k``, ``min_p``, ``repetition_penalty``, ``guided_*``,
+    ``include_stop_str_in_output``).
     ``user`` is accepted and unused: it only identifies the caller (to OpenAI, for abuse
     monitoring)."""
 
@@ -53,6 +54,7 @@ class GenerationRequest(RequestPart):
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_json: dict[str, Any] | str | None = None
     guided_grammar: str | None = Field(default=None, min_length=1)
+    include_stop_str_in_output: bool = False  # the reply ends after its stop string, keeping it
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -162,7 +164,8 @@ class GenerationRequest(RequestPart):
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             logit_bias=self.logit_bias or {}, seed=self.seed, n=self.samples,
-            logprobs=logprobs, max_tokens=max_tokens,
+            logprobs=logprobs, max_tokens=max_tokens, stop=tuple(self.stops()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
             structured=next(iter(self.constraints().values()), None))
 
 

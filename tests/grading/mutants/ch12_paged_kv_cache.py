@@ -3,7 +3,7 @@ each one. Each mutant replaces the solution function named before its ``__``."""
 
 import torch
 
-from minillm.serve.block_manager import OutOfBlocks, chain_hash
+from minillm.engine.block_manager import OutOfBlocks, chain_hash
 
 
 def _solution():

@@ -46,9 +46,8 @@ from ..quant.int8_activations import to_int8_activations
 from ..quant.qlinear import model_nbytes
 from ..reference import generate as reference_generate
 from ..sampling import SamplingParams
-from .llm import LLM
-from .metrics import summarize
-from .scheduler import SchedulerConfig
+from ..serve import LLM, SchedulerConfig
+from ..serve.metrics import summarize
 from .workload import TraceRequest
 
 MAX_BATCH = 16  # sequences per engine step in every engine row
@@ -163,17 +162,18 @@ def engine_row(name: str, trace: list[TraceRequest], model: Transformer | str, t
     with LLM(model, tokenizer=tokenizer, **options) as llm:
         llm.generate([trace[0].prompt], SamplingParams(max_tokens=4), progress=False)  # warm-up
         start = time.perf_counter()
-        seqs = [llm.add_request(r.prompt, SamplingParams(max_tokens=r.max_tokens))
-                for r in trace]
+        ids = [llm.add_request(r.prompt, SamplingParams(max_tokens=r.max_tokens))
+               for r in trace]
         peak_blocks = 0
         while llm.has_work:
             llm.step()
             peak_blocks = max(peak_blocks, llm.blocks.num_blocks - llm.free_blocks())
         seconds = time.perf_counter() - start
-        summary = summarize(seqs)
-        return CapstoneRow(name, [list(seq.output) for seq in seqs], seconds,
+        outputs = [llm.output(i) for i in ids]
+        summary = summarize([output.outputs[0] for output in outputs])
+        return CapstoneRow(name, [list(output.tokens) for output in outputs], seconds,
                            summary.ttft["p95"], summary.tpot["p95"], model_nbytes(llm.model),
-                           peak_blocks * llm.runner.cache.bytes_per_block(),
+                           peak_blocks * llm.core.kv_bytes_per_block,
                            perplexity(llm.model) if perplexity else None)
 
 

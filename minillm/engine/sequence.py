@@ -11,9 +11,13 @@ in the cache. Everything else is derived from it and from the token list:
 * in prefill: ``num_computed < num_prompt_tokens``;
 * preempted: its blocks are freed and ``num_computed`` goes back to 0 (recompute);
 * a prefix-cache hit: ``num_computed`` starts at the number of cached tokens;
-* speculative decoding: the step's ``draft`` tokens are computed beside the newest token,
-  but only the accepted ones join ``output`` and count in ``num_computed``; the keys and
-  values of rejected ones lie past it and are overwritten by the next step.
+* speculative decoding: a step's guesses are computed beside the newest token, but only
+  the accepted ones join ``output`` and count in ``num_computed``; the keys and values of
+  rejected ones lie past it and are overwritten by the next step.
+
+A sequence lives inside the engine core (:mod:`.core`) and nowhere else: the scheduler
+changes it, in one place (:meth:`~.scheduler.Scheduler.apply`), from the values the
+proposer and the sampler return; clients see immutable deltas (:mod:`.deltas`).
 
 A request for ``n`` samples of one prompt is one sequence with ``n - 1`` more in
 ``samples``. They wait, unforked, until the prompt is computed; then each draws its first
@@ -28,9 +32,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from ..sampling import SamplingParams, TokenLogprob
+from ..sampling import SamplingParams
 
 _ids = itertools.count()
 
@@ -48,7 +50,7 @@ class FinishReason(enum.Enum):
     ERROR = "error"  # rejected (the error says why)
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: `seq in running` compares identities, not fields
 class Sequence:
     prompt: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -63,16 +65,13 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
-    token_times: list[float] = field(default_factory=list)  # when each output token came
+    request_id: int = -1  # the client's request this sequence samples (-1: its own id)
+    index: int = 0  # which of the request's samples it is
     samples: list[Sequence] = field(default_factory=list)  # n > 1: the request's other samples
-    draft: list[int] = field(default_factory=list)  # speculative tokens of this step, unverified
-    draft_probs: torch.Tensor | None = None  # a draft model's distributions for them [γ, vocab]
-    # (None: certain guesses, as prompt lookup's: q is one-hot)
-    num_drafted: int = 0  # speculative tokens proposed over the request's life ...
-    num_accepted: int = 0  # ... and accepted by the target
-    num_forced: int = 0  # tokens its grammar forced (jump-forward): no forward pass of their own
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # with params.logprobs: one
-    # per sampled token (output[i] <-> logprobs[i]; any past the output were dropped)
+
+    def __post_init__(self):
+        if self.request_id < 0:
+            self.request_id = self.id
 
     @property
     def tokens(self) -> list[int]:
@@ -92,15 +91,12 @@ class Sequence:
         return self.num_tokens - self.num_computed
 
     def next_tokens(self, n: int) -> list[int]:
-        """The ``n`` tokens after the computed ones: the prompt's rest, the newest sampled
-        token, then this step's draft (without concatenating the whole sequence)."""
+        """The ``n`` tokens after the computed ones: the prompt's rest, then the newest
+        sampled tokens (without concatenating the whole sequence)."""
         start, prompt = self.num_computed, len(self.prompt)
         if start >= prompt:
-            return (self.output[start - prompt:] + self.draft)[:n]
-        return (self.prompt[start:] + self.output + self.draft)[:n]
-
-    def clear_draft(self) -> None:
-        self.draft, self.draft_probs = [], None
+            return self.output[start - prompt:start - prompt + n]
+        return (self.prompt[start:] + self.output)[:n]
 
     @property
     def in_prefill(self) -> bool:
@@ -120,10 +116,9 @@ class Sequence:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append(self, token: int, now: float | None = None) -> None:
+    def append(self, token: int) -> None:
         """Record a sampled token, and finish on a stop token or at ``max_tokens``."""
         self.output.append(token)
-        self.token_times.append(time.perf_counter() if now is None else now)
         if token in self.stop_tokens:
             self.finish(FinishReason.STOP)
         elif len(self.output) >= self.max_tokens:

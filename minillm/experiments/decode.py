@@ -10,7 +10,7 @@ Every row decodes the same prompts greedily and is checked against a reference r
 fp32 rows against Hugging Face, the quantized rows against the same quantized weights run
 the simple way (dequantize, then matmul, in the course's reference loop). The W8A8 and
 W4A8 rows round activations as well, a different computation: they report how many
-leading tokens they share with that reference. The engine rows (:mod:`minillm.serve`, one
+leading tokens they share with that reference. The engine rows (:mod:`minillm.engine`, one
 executor each) also report the host time of a decode step: its wall time minus its
 forward pass. External peers (``benchmarks/llama_cpp.py``) join the table as rows without
 tokens.
@@ -26,15 +26,23 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import AutoModelForCausalLM
 
-from .model import Transformer
-from .quant import QuantScheme, quantize_model
-from .quant.embedding import compact_embedding
-from .quant.qlinear import model_nbytes
-from .reference import generate as reference_generate
-from .reference import pad_left
-from .roofline import copy_bandwidth
-from .sampling import SamplingParams
+from ..assets import fetch_course_model
+from ..checkpoint import load_model
+from ..engine.deltas import StepReport
+from ..model import Transformer
+from ..quant import QuantScheme, quantize_model
+from ..quant.embedding import compact_embedding
+from ..quant.int8_activations import to_int8_activations
+from ..quant.qlinear import weight_bytes_per_token
+from ..quant.weight_only import to_weight_only
+from ..reference import generate as reference_generate
+from ..reference import pad_left
+from ..roofline import copy_bandwidth
+from ..sampling import SamplingParams
+from ..serve import LLM, SchedulerConfig
+from ..tokenizer import Tokenizer
 
 BENCH_QUESTIONS = [
     "Explain why the sky is blue.",
@@ -74,22 +82,6 @@ class DecodeRow:
         return self.batch * self.new_tokens / self.seconds
 
 
-def weight_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: every stored tensor once, except the embedding
-    table, of which a step reads one row (unless the lm_head shares it: then it is read in
-    full). Works for any storage format (fp32, transposed, quantized, compact embedding)."""
-    embedding = _stored_tensors(model.embed_tokens)
-    shared_with_head = embedding.keys() & _stored_tensors(model.lm_head).keys()
-    total = model_nbytes(model)
-    if not shared_with_head:
-        total -= sum(t.nbytes for t in embedding.values())
-    return total
-
-
-def _stored_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:
-    return {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
-
-
 def time_call(fn, repeats: int = 2, warmup: bool = True):
     """Best wall time over ``repeats`` runs, the last result, and the warm-up run's time."""
     first = None
@@ -122,23 +114,23 @@ def bench_engine(name: str, model: Transformer, prompts, new_tokens: int, execut
     each (no stop tokens), one engine for every run (a compiled graph is built once, in
     the warm-up run). Also the median host time of its decode steps: the step's wall
     time minus its forward pass (scheduling, inputs, sampling, bookkeeping)."""
-    from .serve import LLM, SchedulerConfig
-
     blocks = sum(-(-(len(p) + new_tokens) // 16) for p in prompts)
+    reports: list[StepReport] = []
     llm = LLM(model, num_blocks=blocks, prefix_caching=False, executor=executor,
               scheduler=SchedulerConfig(max_batch=len(prompts), chunked_prefill=False,
-                                        max_tokens_per_step=sum(map(len, prompts))))
+                                        max_tokens_per_step=sum(map(len, prompts))),
+              on_step=reports.append)
     params = SamplingParams(max_tokens=new_tokens)
     host: list[float] = []
 
     def run():
-        seqs = [llm.add_request(prompt, params) for prompt in prompts]
+        ids = [llm.add_request(prompt, params) for prompt in prompts]
         while llm.has_work:
             started = time.perf_counter()
             llm.step()
-            if llm.runner.last_executor == executor:
-                host.append(time.perf_counter() - started - llm.runner.last_forward_seconds)
-        return [seq.output for seq in seqs]
+            if reports[-1].executor == executor:
+                host.append(time.perf_counter() - started - reports[-1].forward_seconds)
+        return [llm.output(i).tokens for i in ids]
 
     seconds, tokens, first = time_call(run, repeats)
     return DecodeRow(name, len(prompts), new_tokens, seconds, tokens,
@@ -219,9 +211,6 @@ def decode_rows(batch: int, new_tokens: int, tokenizer, plain: Transformer, hf,
                 compiled: bool = True, quantized: bool = True) -> list[DecodeRow]:
     """Every minillm row (and Hugging Face's) for one batch size, same prompts: the course's
     dense loop, then the engine with each executor, for fp32, int8 and int4 weights."""
-    from .quant.int8_activations import to_int8_activations
-    from .quant.weight_only import to_weight_only
-
     prompts = [tokenizer.chat_prompt(q) for q in BENCH_QUESTIONS[:batch]]
     pad = tokenizer.pad_id
     rows = [bench_hf(hf, prompts, new_tokens, pad),
@@ -258,12 +247,6 @@ def run_decode_benchmark(threads: int = 2, new_tokens: int = 128, uncached_token
     compiling, reported separately); ``quantized`` the int8/int4 rows. ``peers(batch)``
     may return external rows (llama.cpp) and a dict naming each minillm row's peer.
     """
-    from transformers import AutoModelForCausalLM
-
-    from .assets import fetch_course_model
-    from .checkpoint import load_model
-    from .tokenizer import Tokenizer
-
     torch.set_num_threads(threads)
     tokenizer = Tokenizer("smollm2")
     plain = load_model("smollm2")

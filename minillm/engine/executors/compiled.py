@@ -32,9 +32,10 @@ import torch
 
 from ... import ops
 from ...compile import NO_MODULE_GUARDS, MatVecLinear, realize_rules, with_own_code
-from ...linear import CompressedLinear, replace_linears
+from ...linear import CompressedLinear
 from ...model import Transformer
 from ...native import native_kernels
+from ...parallel.layers import RowParallelLinear
 from ...quant.int8_activations import Int8ActivationLinear
 from ...quant.w4a8 import W4A8Linear
 from ...quant.weight_only import WeightOnlyLinear
@@ -53,7 +54,7 @@ def compile_problem(model: Transformer) -> str | None:
                 type(module) not in COMPILED_LAYERS:
             return (f"{name} is a {type(module).__name__}; compiled steps take float "
                     "nn.Linear, weight-only int8/int4 and int8-activation layers")
-    if hasattr(model.layers[0].mlp, "output_all_reduce"):
+    if any(isinstance(module, RowParallelLinear) for module in model.modules()):
         return "a tensor-parallel rank's collectives do not run inside a compiled graph"
     if native_kernels() is None:  # no C++ compiler here: Inductor needs one too
         return "there is no working C++ compiler on this machine (see the warning)"
@@ -113,7 +114,8 @@ class Buffers:
 
 class CompiledExecutor:
     """Decode-only steps of up to 32 sequences through compiled graphs (module docstring).
-    Building it gives float32 linears the one-sum-per-row formulation
+    It runs the model as given: prepared for it (:func:`minillm.prepare.prepare_model`),
+    its float32 linears have the one-sum-per-row formulation
     (:class:`~minillm.compile.MatVecLinear`: the same parameters and numbers)."""
 
     name = "compiled"
@@ -121,7 +123,6 @@ class CompiledExecutor:
     def __init__(self, model: Transformer, cache: PagedKVCache):
         if (problem := compile_problem(model)) is not None:
             raise ValueError(f"no compiled decode steps for this model: {problem}")
-        replace_linears(model, MatVecLinear.from_linear, skip=())
         self.model, self.cache = model, cache
         config = model.config
         self.width = -(-config.max_position_embeddings // cache.block_size)

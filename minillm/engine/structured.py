@@ -33,6 +33,9 @@ from .sequence import Sequence
 
 # (Hugging Face tokenizer, the model's vocabulary size, stop token ids) -> a backend
 BackendFactory = Callable[[object, int, list[int]], object]
+UNWRITABLE = ("the output constraint cannot be met: it needs text this model's vocabulary "
+              "cannot write (a control character, or a code point the tokenizer has no bytes "
+              "for); change the pattern, schema or choices")
 
 
 class StructuredOutputs:
@@ -59,11 +62,21 @@ class StructuredOutputs:
                                              list(self.tokenizer.stop_tokens))
         start = time.perf_counter()
         try:
-            self.compiled[spec] = self.backend.compile(spec)
+            compiled = self.backend.compile(spec)
         except ValueError as error:
             return str(error)
+        if not self.allows_any(self.backend.matcher(compiled)):
+            return UNWRITABLE
+        self.compiled[spec] = compiled
         self.compile_seconds[spec] = time.perf_counter() - start
         return None
+
+    def allows_any(self, matcher: Matcher) -> bool:
+        """Does ``matcher`` allow some token next? (Not when the constraint needs text the
+        vocabulary cannot write.)"""
+        row = torch.zeros(self.vocab_size)
+        matcher.mask_logits(row)
+        return bool(torch.isfinite(row).any())
 
     def matcher(self, seq: Sequence) -> Matcher | None:
         """``seq``'s matcher (started on first use), or None if it is unconstrained."""
@@ -76,12 +89,13 @@ class StructuredOutputs:
             self.matchers[seq.id] = self.backend.matcher(self.compiled[spec])
         return self.matchers[seq.id]
 
-    def mask(self, seq: Sequence, logits: torch.Tensor) -> int:
-        """Mask ``seq``'s rows [1 + guesses, vocab] in place; returns how many guesses the
-        matcher walked through (to take back in :meth:`follow`)."""
+    def mask(self, seq: Sequence, guesses: tuple[int, ...], logits: torch.Tensor) -> int:
+        """Mask ``seq``'s rows [1 + guesses, vocab] in place; returns how many of its
+        ``guesses`` the matcher walked through (to take back in :meth:`follow`). Where
+        its constraint allows no token at all, row 0 is left all -inf (:meth:`dead_end`)."""
         matcher = self.matcher(seq)
         walked = 0
-        for row, guess in zip(logits, [*seq.draft, None], strict=True):
+        for row, guess in zip(logits, [*guesses, None], strict=True):
             matcher.mask_logits(row)
             if guess is None or not matcher.accept(guess):
                 break

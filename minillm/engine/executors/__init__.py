@@ -26,9 +26,12 @@ import torch
 from ...model import Transformer
 from ..paged_cache import AttentionMetadata, PagedKVCache
 from .batch import FlatBatch
+from .compiled import CompiledExecutor, compile_problem
 from .eager import EagerExecutor
+from .native import NativeExecutor, native_problem
 
 EXECUTORS = ("auto", "eager", "compiled", "native")
+FAST = {"native": (NativeExecutor, native_problem), "compiled": (CompiledExecutor, compile_problem)}
 
 
 class Executor(Protocol):
@@ -39,34 +42,32 @@ class Executor(Protocol):
     def __call__(self, batch: FlatBatch) -> torch.Tensor: ...
 
 
-def make_executors(model: Transformer, cache: PagedKVCache, choice: str = "auto"
-                   ) -> list[Executor]:
-    """The executors a runner tries in order (the last, eager, supports every step)."""
+def resolve_executor(model: Transformer, choice: str = "auto") -> str:
+    """The decode executor for ``model``: ``choice``, with auto resolved
+    (:func:`auto_executor`); a choice the model cannot run is refused with the reason."""
     if choice not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {choice!r}")
-    from .compiled import CompiledExecutor, compile_problem
-    from .native import NativeExecutor, native_problem
-
     if choice == "auto":
-        choice = auto_executor(model)
+        return auto_executor(model)
+    if choice in FAST and (reason := FAST[choice][1](model)) is not None:
+        raise ValueError(f"the {choice} executor cannot run this model: {reason}; use "
+                         "executor='auto' or 'eager'")
+    return choice
+
+
+def make_executors(model: Transformer, cache: PagedKVCache, choice: str) -> list[Executor]:
+    """The executors a runner tries in order (the last, eager, supports every step), for a
+    resolved ``choice`` and a model prepared for it (:func:`minillm.prepare.prepare_model`)."""
     eager = EagerExecutor(model, cache)
     if choice == "eager":
         return [eager]
-    fast, problem = {"native": (NativeExecutor, native_problem),
-                     "compiled": (CompiledExecutor, compile_problem)}[choice]
-    if (reason := problem(model)) is not None:
-        raise ValueError(f"the {choice} executor cannot run this model: {reason}; use "
-                         "executor='auto' or 'eager'")
-    return [fast(model, cache), eager]
+    return [FAST[choice][0](model, cache), eager]
 
 
 def auto_executor(model: Transformer) -> str:
     """The decode executor ``auto`` picks for ``model``: native when every linear layer has
     a C++ product, else compiled when they all compile, else eager; and eager whenever
     the model's attention backend is not the default (the learner's then runs)."""
-    from .compiled import compile_problem
-    from .native import native_problem
-
     if model.attn_backend != "sdpa":
         return "eager"
     if native_problem(model) is None:

@@ -21,7 +21,7 @@ pool and the description together, as a :class:`PagedAttention`, and in every la
 
 This is the readable path, the eager executor's. The fast decode executors read the same
 pool through the block tables without gathering (``minillm::paged_decode_attention`` and
-the native step, :mod:`minillm.serve.executors`); on a GPU the decodes go to the Triton
+the native step, :mod:`minillm.engine.executors`); on a GPU the decodes go to the Triton
 paged-decode kernel (``minillm.kernels``).
 """
 
@@ -142,7 +142,7 @@ def _attend_decodes(q: torch.Tensor, key_pool, value_pool, block_tables, context
     """One query per sequence, q [seqs, heads, head_dim], over its gathered blocks, keys
     past its length masked; -> [seqs, heads, head_dim]."""
     if q.is_cuda:
-        from ..kernels.paged_attention import paged_decode_attention
+        from ..kernels.paged_attention import paged_decode_attention  # Triton: on a GPU only
 
         return paged_decode_attention(q, key_pool, value_pool, block_tables, context_lens)
     keys, values = gather_kv(key_pool, block_tables), gather_kv(value_pool, block_tables)

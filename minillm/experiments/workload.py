@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..sampling import SamplingParams
+from ..serve import LLM
+from ..serve.output_processor import CompletionOutput
+
 QUESTIONS = [
     "What is a KV cache?", "Explain why the sky is blue.", "Write a short poem about a lighthouse.",
     "Give me three tips for learning the guitar.", "How do vaccines work?",
@@ -74,27 +78,26 @@ def make_trace(tokenizer, n: int = 64, rate: float = 2.0, median_tokens: int = 3
             for a, p, m in zip(arrivals, prompts, lengths, strict=True)]
 
 
-def replay(engine, trace: list[TraceRequest], params_for=None) -> list:
+def replay(llm: LLM, trace: list[TraceRequest], params_for=None) -> list[CompletionOutput]:
     """Serve ``trace`` in real time: each request is added once its arrival time has come
     (its clock starts then, even if the engine was busy), and the engine steps while it has
-    work. Returns the finished sequences, in trace order. ``params_for(request)`` gives
-    each request's SamplingParams (default: greedy with the request's ``max_tokens``)."""
-    from ..sampling import SamplingParams
-
+    work. Returns each request's output (its first sample: tokens, text, arrival and token
+    times), in trace order. ``params_for(request)`` gives each request's SamplingParams
+    (default: greedy with the request's ``max_tokens``)."""
     params_for = params_for or (lambda r: SamplingParams(max_tokens=r.max_tokens))
     start = time.perf_counter()
-    pending, seqs = list(trace), []
-    while pending or engine.has_work:
+    pending, ids = list(trace), []
+    while pending or llm.has_work:
         now = time.perf_counter() - start
         while pending and pending[0].arrival <= now:
             request = pending.pop(0)
-            seq = engine.add_request(request.prompt, params_for(request))
-            seq.arrival_time = start + request.arrival
-            seqs.append(seq)
-        if engine.has_work:
-            engine.step()
-            if engine.last_step_tokens == 0:  # waiting (dynamic batching): do not spin
+            ids.append(llm.add_request(request.prompt, params_for(request),
+                                       arrival_time=start + request.arrival))
+        if llm.has_work:
+            # a step that computed nothing (dynamic batching waiting for a fuller batch)
+            # returns no updates and leaves nothing running: then do not spin
+            if not llm.step() and not llm.core.num_running:
                 time.sleep(0.001)
         elif pending:
             time.sleep(max(0.0, pending[0].arrival - (time.perf_counter() - start)))
-    return seqs
+    return [llm.output(i).outputs[0] for i in ids]

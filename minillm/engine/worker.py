@@ -1,9 +1,9 @@
 """A tensor-parallel worker rank: loads its shard and runs every step rank 0 broadcasts.
 
-    python -m minillm.parallel.worker --rank 1 --world 2 --store 127.0.0.1:29500 \\
+    python -m minillm.engine.worker --rank 1 --world 2 --store 127.0.0.1:29500 \\
         --checkpoint DIR --num-blocks 1024 --block-size 16
 
-The engine's rank 0 (:class:`~minillm.parallel.engine.TensorParallelRunner`) starts one such
+The engine's rank 0 (:class:`~.parallel_runner.TensorParallelRunner`) starts one such
 process per other rank. They are started as ``python -m`` of this module, not with
 multiprocessing's *spawn*, which imports the caller's main module again in every child: a
 script without an ``if __name__ == "__main__":`` guard would then build engines in its
@@ -20,9 +20,11 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ..model import Transformer
-from ..serve.executors.batch import FlatBatch
-from ..serve.runner import ModelRunner
-from .tensor import ShardWeight
+from ..parallel.launch import join_group_at, set_collective_timeout, share_cores
+from ..parallel.loading import load_rank_model
+from ..parallel.tensor import ShardWeight
+from .executors.batch import FlatBatch
+from .runner import ModelRunner
 
 HEARTBEAT = "heartbeat"  # what rank 0 broadcasts to an idle group
 LOAD_TIMEOUT = timedelta(minutes=10)  # for every rank to load its shard
@@ -39,16 +41,17 @@ def loaded_key(rank: int) -> str:
 
 
 def serve_rank(model: Transformer, num_blocks: int, block_size: int, executor: str,
-               meeting: dist.Store | None = None) -> None:
+               timeout: float, meeting: dist.Store | None = None) -> None:
     """Be a worker rank (group joined, model loaded): build the runner (its executors may
     compile kernels), say so in rank 0's store ``meeting`` if it started this process,
-    pass the loading barrier, then run every forward pass rank 0 broadcasts, until it
-    sends None."""
+    pass the loading barrier, then, each collective timing out after ``timeout`` seconds,
+    run every forward pass rank 0 broadcasts, until it sends None."""
     try:
         runner = ModelRunner(model, num_blocks, block_size, executor=executor)
         if meeting is not None:
             meeting.set(loaded_key(dist.get_rank()), "yes")
         wait_for_every_rank()
+        set_collective_timeout(timeout)
         while (message := _receive()) is not None:
             if message != HEARTBEAT:
                 runner.forward(message)
@@ -71,9 +74,6 @@ def shard_function(spec: str | None) -> ShardWeight | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .engine import join_group_at, load_rank_model
-    from .launch import share_cores
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--executor", default="auto")
     args = parser.parse_args(argv)
-    meeting = join_group_at(args.store, args.rank, args.world, args.timeout)
+    meeting = join_group_at(args.store, args.rank, args.world)
     share_cores(args.world)
     model = load_rank_model(args.checkpoint, args.rank, args.world,
                             not args.replicate_attention, shard_function(args.shard))
-    serve_rank(model, args.num_blocks, args.block_size, args.executor, meeting)
+    serve_rank(model, args.num_blocks, args.block_size, args.executor, args.timeout, meeting)
 
 
 if __name__ == "__main__":

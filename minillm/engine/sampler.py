@@ -18,17 +18,35 @@ A decode that carries guesses keeps the accepted prefix and one more token of th
 target's: greedy ones compare tokens, sampled ones go through rejection sampling against
 the draft model's distributions, or the lookup's one-hot q
 (:func:`~minillm.speculative.check_drafts`).
+
+The sampler changes no sequence: it returns each one's new tokens (:class:`Sampled`), and
+the scheduler applies them (:meth:`~.scheduler.Scheduler.apply`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 
-from ..sampling import sample, token_logprob
+from ..sampling import TokenLogprob, sample, token_logprob
 from ..speculative import check_drafts, verify_greedy
 from .sequence import Sequence
-from .structured import StructuredOutputs
+from .step import NO_DRAFT, Draft
+from .structured import UNWRITABLE, StructuredOutputs
+
+
+@dataclass(slots=True)
+class Sampled:
+    """A sequence's new tokens from one step: its accepted guesses, one token of the
+    target's, then the tokens its grammar forced (``forced`` of them, jump-forward), with a
+    log-probability per sampled token when its request asked for them."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    forced: int = 0
+    error: str | None = None  # it cannot go on (its constraint allows no token): why
 
 
 class Sampler:
@@ -41,57 +59,66 @@ class Sampler:
         self.verifier = verifier
         self.structured = structured
 
-    def sample(self, sequences: list[Sequence], logits: torch.Tensor) -> dict[int, list[int]]:
+    def sample(self, sequences: list[Sequence], drafts: dict[int, Draft],
+               logits: torch.Tensor) -> dict[int, Sampled]:
         """New tokens of each sequence (and of a request's unforked samples) from
-        ``logits``, whose rows follow ``sequences``: 1 + len(draft) rows each."""
-        walked = self._mask(sequences, logits)
-        choices = logits.argmax(-1).tolist() if any(map(_plain_greedy, sequences)) else None
+        ``logits``, whose rows follow ``sequences``: 1 + its guesses rows each."""
+        guesses = [drafts.get(seq.id, NO_DRAFT) for seq in sequences]
+        walked = self._mask(sequences, guesses, logits)
+        plain = any(seq.params.plain_greedy for seq in sequences) and self.verifier is None
+        choices = logits.argmax(-1).tolist() if plain else None
         new, first = {}, 0
-        for seq in sequences:
-            rows = 1 + len(seq.draft)
+        for seq, draft in zip(sequences, guesses, strict=True):
+            rows = 1 + len(draft.tokens)
             own = logits[first:first + rows]
-            if _plain_greedy(seq) and self.verifier is None:
-                greedy = choices[first:first + rows]
-                new[seq.id] = _greedy_tokens(seq, greedy)
-            elif seq.draft:
-                new[seq.id] = self._verify(seq, own)
+            if seq.id in walked and not torch.isfinite(own[0]).any():  # a dead end
+                new |= {s.id: Sampled([], error=UNWRITABLE)
+                        for s in (seq, *(seq.unforked_samples if not seq.output else ()))}
+                first += rows
+                continue
+            if seq.params.plain_greedy and self.verifier is None:
+                tokens = _greedy_tokens(draft, choices[first:first + rows])
+            elif draft.tokens:
+                tokens = self._verify(seq, draft, own)
             else:
-                new[seq.id] = [self._sample_row(seq, own[0])]
+                tokens = [self._sample_row(seq, own[0])]
             first += rows
-            _record_logprobs(seq, own, new[seq.id])
+            new[seq.id] = Sampled(tokens, _logprobs(seq, own, tokens)
+                                  if seq.params.logprobs is not None else [])
             if not seq.output:  # its prompt is in: its other samples draw from the same logits
                 for s in seq.unforked_samples:
-                    new[s.id] = [self._sample_row(s, own[0])]
-                    _record_logprobs(s, own, new[s.id])
+                    token = [self._sample_row(s, own[0])]
+                    new[s.id] = Sampled(token, _logprobs(s, own, token))
                     if s.params.structured is not None:
-                        self.structured.follow(s, 0, new[s.id])
+                        self.structured.follow(s, 0, token)
             if seq.id in walked:
-                new[seq.id] += self._follow(seq, walked[seq.id], new[seq.id])
+                forced = self._follow(seq, draft, walked[seq.id], tokens)
+                new[seq.id].tokens += forced
+                new[seq.id].forced = len(forced)
         return new
 
-    def _mask(self, sequences: list[Sequence], logits: torch.Tensor) -> dict[int, int]:
+    def _mask(self, sequences: list[Sequence], drafts: list[Draft], logits: torch.Tensor
+              ) -> dict[int, int]:
         """Mask the rows of constrained sequences in place (a request's unforked samples
         share its row and start where it does); {sequence id: guesses walked}."""
         walked, first = {}, 0
-        for seq in sequences:
-            rows = 1 + len(seq.draft)
+        for seq, draft in zip(sequences, drafts, strict=True):
+            rows = 1 + len(draft.tokens)
             if seq.params.structured is not None:
-                walked[seq.id] = self.structured.mask(seq, logits[first:first + rows])
+                walked[seq.id] = self.structured.mask(seq, draft.tokens,
+                                                      logits[first:first + rows])
             first += rows
         return walked
 
-    def _follow(self, seq: Sequence, walked: int, tokens: list[int]) -> list[int]:
+    def _follow(self, seq: Sequence, draft: Draft, walked: int, tokens: list[int]
+                ) -> list[int]:
         """Move ``seq``'s matcher past its new ``tokens``; returns the tokens its grammar
         forces next (jump-forward), which join its output without a forward pass. Not
         with guesses or recorded log-probabilities (those follow logits rows)."""
-        if seq.params.structured is None:
-            return []
         self.structured.follow(seq, walked, tokens)
-        if seq.draft or seq.params.logprobs is not None or tokens[-1] in seq.stop_tokens:
+        if draft.tokens or seq.params.logprobs is not None or tokens[-1] in seq.stop_tokens:
             return []
-        forced = self.structured.jump_forward(seq)
-        seq.num_forced += len(forced)
-        return forced
+        return self.structured.jump_forward(seq)
 
     def forget(self, seq: Sequence) -> None:
         """Drop a finished sequence's generator (and matcher)."""
@@ -113,34 +140,30 @@ class Sampler:
         return int(sample(logits[None], params, self._generator(seq, logits.device),
                           previous, output=output)[0])
 
-    def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
-        """The accepted prefix of ``seq.draft`` and one token of the target's, from the
+    def _verify(self, seq: Sequence, draft: Draft, logits: torch.Tensor) -> list[int]:
+        """The accepted prefix of the guesses and one token of the target's, from the
         logits [1 + guesses, vocab] at its newest token and at each guess, against the
         draft model's distributions q (a lookup's guesses are certain: q is one-hot)."""
-        q = seq.draft_probs if seq.draft_probs is not None else \
-            F.one_hot(torch.tensor(seq.draft, device=logits.device), logits.shape[-1])
-        accepted, extra = check_drafts(logits, seq.draft, q, seq.params,
+        guesses = list(draft.tokens)
+        q = draft.probs if draft.probs is not None else \
+            F.one_hot(torch.tensor(guesses, device=logits.device), logits.shape[-1])
+        accepted, extra = check_drafts(logits, guesses, q, seq.params,
                                        self._generator(seq, logits.device), self.verifier)
-        return seq.draft[:accepted] + [extra]
+        return guesses[:accepted] + [extra]
 
 
-def _plain_greedy(seq: Sequence) -> bool:
-    """Greedy with nothing to apply to its logits first: its token is the argmax, and so
-    are its forked samples' (they share its parameters)."""
-    return seq.params.plain_greedy
-
-
-def _greedy_tokens(seq: Sequence, choices: list[int]) -> list[int]:
+def _greedy_tokens(draft: Draft, choices: list[int]) -> list[int]:
     """A greedy sequence's new tokens from the argmax at each of its rows."""
-    if not seq.draft:
+    if not draft.tokens:
         return choices[:1]
-    accepted, extra = verify_greedy(choices, seq.draft)
-    return seq.draft[:accepted] + [extra]
+    accepted, extra = verify_greedy(choices, list(draft.tokens))
+    return list(draft.tokens[:accepted]) + [extra]
 
 
-def _record_logprobs(seq: Sequence, logits: torch.Tensor, tokens: list[int]) -> None:
+def _logprobs(seq: Sequence, logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob]:
     """With ``params.logprobs``, each new token's log-probability from the logits row that
     chose it (row i for the i-th token: a speculative step's rows follow its guesses)."""
-    if seq.params.logprobs is not None:
-        seq.logprobs += [token_logprob(logits[i], token, seq.params.logprobs)
-                         for i, token in enumerate(tokens)]
+    if seq.params.logprobs is None:
+        return []
+    return [token_logprob(logits[i], token, seq.params.logprobs)
+            for i, token in enumerate(tokens)]

@@ -13,24 +13,46 @@ a data sheet* (:meth:`CostModel.for_model` with a GPU's bandwidth and FLOP/s), w
 the chapter projects Llama-2-7B/70B-class models onto one GPU: a projection, not a
 measurement.
 
-:func:`simulate` runs the real :class:`~minillm.serve.scheduler.Scheduler` and
-:class:`~minillm.serve.block_manager.BlockManager` on a trace with no model at all: each
-step advances a simulated clock by the cost model's time, every running request receives a
-token, and the usual metrics come out (:mod:`.metrics`).
+:func:`simulate` runs the real :class:`~.scheduler.Scheduler` and
+:class:`~.block_manager.BlockManager` on a trace with no model at all: each step advances a
+simulated clock by the cost model's time, every running request receives a token (applied
+by the scheduler, as in the engine), and each request's times come out as a
+:class:`SimulatedRequest`, for the usual metrics (:mod:`minillm.serve.metrics`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from ..config import ModelConfig
 from .block_manager import BlockManager
-from .scheduler import Scheduler, SchedulerConfig, Step
+from .sampler import Sampled
+from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Sequence
-from .workload import TraceRequest
+from .step import Step
+
+
+class Arrival(Protocol):
+    """A request of a trace (:class:`minillm.experiments.workload.TraceRequest`)."""
+
+    arrival: float
+    prompt: list[int]
+    max_tokens: int
+
+
+@dataclass
+class SimulatedRequest:
+    """A simulated request's times: when it arrived and when each token came, and its
+    tokens (all 0: no model chose them)."""
+
+    arrival_time: float
+    tokens: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,36 +102,42 @@ class CostModel:
                          1.0 / per_byte, 1.0 / per_flop, float(overhead))
 
 
-def simulate(trace: list[TraceRequest], cost: CostModel, config: SchedulerConfig,
+def simulate(trace: list[Arrival], cost: CostModel, config: SchedulerConfig,
              num_blocks: int, block_size: int = 16,
-             on_step: Callable[[float, Step, Scheduler], None] | None = None) -> list[Sequence]:
-    """Serve ``trace`` on a simulated clock; returns the finished sequences (trace order).
+             on_step: Callable[[float, Step, Scheduler], None] | None = None
+             ) -> list[SimulatedRequest]:
+    """Serve ``trace`` on a simulated clock; returns each request's times (trace order).
     ``on_step(clock, step, scheduler)`` is called after each step (the clock at its end)."""
-    blocks = BlockManager(num_blocks, block_size)
-    scheduler = Scheduler(config, blocks)
+    scheduler = Scheduler(config, BlockManager(num_blocks, block_size))
     pending = sorted(trace, key=lambda r: r.arrival)
-    seqs, clock = [], 0.0
+    served: dict[int, SimulatedRequest] = {}
+    clock = 0.0
     while pending or scheduler.has_work:
         while pending and pending[0].arrival <= clock:
             request = pending.pop(0)
             seq = Sequence(prompt=request.prompt, max_tokens=request.max_tokens,
                            arrival_time=request.arrival)
             scheduler.add(seq)
-            seqs.append(seq)
+            served[seq.request_id] = SimulatedRequest(request.arrival)
         step = scheduler.schedule(now=clock)
         if not step.work:  # nothing may run yet: jump to the next arrival or deadline
             clock = _next_event(pending, scheduler, clock)
             continue
         cached = sum(seq.num_computed for seq, _ in step.work)
         clock += cost.step_time(step.num_tokens, cached)
-        sampled = {seq.id: [0] for seq, n in step.work if seq.num_computed + n == seq.num_tokens}
-        scheduler.finish_step(step, sampled, now=clock)
+        sampled = {seq.id: Sampled([0]) for seq, n in step.work
+                   if seq.num_computed + n == seq.num_tokens}
+        for delta in scheduler.apply(step, {}, sampled, now=clock):
+            record = served[delta.request_id]
+            record.tokens += delta.token_ids
+            record.token_times += [delta.time] * len(delta.token_ids)
+            record.finish_reason = delta.finish_reason
         if on_step is not None:
             on_step(clock, step, scheduler)
-    return seqs
+    return list(served.values())
 
 
-def _next_event(pending: list[TraceRequest], scheduler: Scheduler, clock: float) -> float:
+def _next_event(pending: list[Arrival], scheduler: Scheduler, clock: float) -> float:
     """When something can next change, after a step with nothing to run: the next arrival,
     or the moment dynamic batching stops waiting to fill a batch (its oldest request has
     waited ``max_wait``)."""

@@ -17,8 +17,8 @@ guess sees the ones before it: the causal attention of a short chunk, as decodes
 Products: float32 ``nn.Linear`` (``csrc/fp32_product.h``), per-channel int8 weights with
 int8 activations (W8A8) and grouped int4 weights with int8 activations (W4A8); a model may
 mix them. Under tensor parallelism each rank runs its shards, and the C++ step calls back
-into Python to all-reduce the partial attention and MLP outputs
-(:func:`minillm.parallel.tensor.all_reduce`, as the modules' hooks do eagerly); the
+into Python after o_proj and down_proj for the reduction their
+:class:`~minillm.parallel.layers.RowParallelLinear` runs eagerly (an all-reduce); the
 vocabulary-parallel embedding and head stay in PyTorch.
 
 The numbers are float32 like the eager model's, summed in another order: logits agree to
@@ -34,6 +34,7 @@ from torch import nn
 from ...compile import MatVecLinear
 from ...model import Transformer
 from ...native import native_kernels
+from ...parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ...quant.int8_activations import Int8ActivationLinear
 from ...quant.w4a8 import W4A8Linear
 from ..paged_cache import AttentionMetadata, PagedKVCache
@@ -51,7 +52,7 @@ def native_problem(model: Transformer) -> str | None:
     if model.dtype != torch.float32:
         return f"native steps run float32 activations, not {model.dtype}"
     for index, block in enumerate(model.layers):
-        for layer in _linears(block):
+        for layer in map(_unwrapped, _linears(block)):
             if type(layer) not in NATIVE_LAYERS or layer.bias is not None:
                 return (f"block {index} has a {type(layer).__name__}"
                         f"{' with a bias' if layer.bias is not None else ''}; native steps "
@@ -68,8 +69,14 @@ def _linears(block) -> list[nn.Module]:
             mlp.down_proj]
 
 
+def _unwrapped(layer: nn.Module) -> nn.Module:
+    """A tensor-parallel layer's own shard (the product C++ computes); others as they are."""
+    return layer.shard if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)) else layer
+
+
 def _product(layer: nn.Module) -> list[torch.Tensor] | None:
     """The tensors of a layer's C++ product, or None if it has none."""
+    layer = _unwrapped(layer)
     if type(layer) in (nn.Linear, MatVecLinear) and layer.bias is None and \
             layer.weight.dtype == torch.float32:
         return [layer.weight.detach().contiguous()]
@@ -90,14 +97,10 @@ def _block_parts(block) -> list[list[list[torch.Tensor]]]:
             [_product(mlp.gate_proj), _product(mlp.up_proj)], [_product(mlp.down_proj)]]
 
 
-def _all_reduce_of(module: nn.Module):
-    """The all-reduce a tensor-parallel rank applies to ``module``'s partial output (the
-    hook ``tensor_parallel`` gave it runs it eagerly), or None for a whole module."""
-    if hasattr(module, "output_all_reduce"):
-        from ...parallel.tensor import all_reduce
-
-        return all_reduce
-    return None
+def _reduction_of(layer: nn.Module):
+    """The reduction a tensor-parallel rank applies to ``layer``'s partial output (its
+    :class:`~minillm.parallel.layers.RowParallelLinear` runs it eagerly), or None."""
+    return layer.reduce if isinstance(layer, RowParallelLinear) else None
 
 
 class NativeExecutor:
@@ -112,7 +115,7 @@ class NativeExecutor:
             raise ValueError(f"no native decode steps for this model: {problem}")
         self.model, self.cache = model, cache
         block = model.layers[0]
-        self.reduce = (_all_reduce_of(block.attn), _all_reduce_of(block.mlp))
+        self.reduce = (_reduction_of(block.attn.o_proj), _reduction_of(block.mlp.down_proj))
         head = _product(model.lm_head)  # None for a vocabulary-parallel head
         self.head_in_cpp = head is not None
         config = model.config

@@ -1,19 +1,24 @@
-"""A draft model inside the engine: it guesses each speculating decode's next tokens.
+"""Who guesses for speculative decoding inside the engine (chapter 11).
 
-With ``SchedulerConfig(speculative_tokens=γ)`` a decoding sequence carries up to γ guesses,
-which the target verifies in the step's forward pass (chapter 11). Prompt lookup guesses
-while the scheduler plans the step (``SchedulerConfig.drafter``). A draft model guesses
-with forward passes of its own, so the engine asks in two phases:
+With ``SchedulerConfig(speculative_tokens=γ)`` a decoding sequence may carry up to γ
+guesses, which the target verifies in the step's forward pass. The engine asks a proposer
+in two phases (:class:`~.step.Proposer`):
 
-1. the scheduler reserves blocks for γ guesses (:meth:`DraftModelProposer.guesses` gives it
-   γ placeholders);
-2. before the target's forward pass, :meth:`DraftModelProposer.propose` fills them in for
-   every speculating sequence of the step at once: one batched draft pass per guess.
+1. while scheduling, :meth:`guess_count`: how many guesses it can make for a sequence, so
+   the scheduler can give it that many slots from what the step's planned work leaves
+   (token budget and free blocks: :mod:`.scheduler`);
+2. before the target's forward pass, :meth:`propose`: the guesses themselves, as values
+   (:class:`~.step.Draft`); the proposer changes no sequence.
 
-The draft keeps its own paged pool with the target's geometry, indexed by the **same**
-block tables: a sequence's block holds the target's keys and values in one pool and the
-draft's in the other, and copy-on-write copies apply to both. For each sequence the
-proposer remembers how many of its leading tokens have draft keys and values; after a
+:class:`PromptLookupProposer` looks the guesses up in the sequence's own tokens
+(``SchedulerConfig.drafter``, by default :func:`~minillm.speculative.lookup_ngram`): free,
+and only as many as the lookup finds. :class:`DraftModelProposer` runs a smaller model,
+one batched draft pass per guess for every speculating sequence of the step.
+
+The draft model keeps its own paged pool with the target's geometry, indexed by the
+**same** block tables: a sequence's block holds the target's keys and values in one pool
+and the draft's in the other, and copy-on-write copies apply to both. For each sequence
+the proposer remembers how many of its leading tokens have draft keys and values; after a
 verification only the accepted guesses stay valid, and since the target's
 ``num_computed`` counts exactly those, the draft's count is the smaller of the two (a
 preemption or a fork, which start from 0, need nothing more). The first proposal of a
@@ -21,11 +26,13 @@ sequence catches the draft up on its whole prompt.
 
 A guess is sampled from the draft's distribution under the request's own sampling
 parameters, with a generator of its own (seeded seed + 1: not the target's stream); the
-distributions go with the guesses (``Sequence.draft_probs``) so rejection sampling keeps
-the target's distribution exactly.
+distributions go with the guesses (``Draft.probs``) so rejection sampling keeps the
+target's distribution exactly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -34,13 +41,33 @@ from ..model import Transformer
 from ..speculative import probabilities
 from .executors.batch import SequenceWork, SlotMapping, flat_batch
 from .runner import ModelRunner
-from .scheduler import Step
 from .sequence import Sequence
+from .step import Draft, Step
 
-PENDING = -1  # a guess the draft model has yet to make (placeholders reserve the blocks)
+
+class PromptLookupProposer:
+    """Guesses looked up in the sequence's own tokens by ``drafter(tokens, γ)``."""
+
+    def __init__(self, drafter: Callable[[list[int], int], list[int]]):
+        self.drafter = drafter
+        self.found: dict[int, list[int]] = {}  # this step's lookups, until propose()
+
+    def guess_count(self, seq: Sequence, gamma: int) -> int:
+        self.found[seq.id] = list(self.drafter(seq.tokens, gamma))[:gamma]
+        return len(self.found[seq.id])
+
+    def propose(self, step: Step) -> dict[int, Draft]:
+        found, self.found = self.found, {}
+        return {seq_id: Draft(tuple(found[seq_id][:slots]))
+                for seq_id, slots in step.guesses.items()}
+
+    def forget(self, seq: Sequence) -> None:
+        self.found.pop(seq.id, None)
 
 
 class DraftModelProposer:
+    """Guesses sampled from a smaller model that shares the target's tokenizer."""
+
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping = slot_mapping, executor: str = "auto"):
         self.model = model
@@ -48,24 +75,26 @@ class DraftModelProposer:
         self.known: dict[int, int] = {}  # sequence -> leading tokens with draft keys/values
         self.generators: dict[int, torch.Generator] = {}
 
-    def guesses(self, seq: Sequence, gamma: int) -> list[int]:
-        """The scheduler's question: γ guesses, to be made in :meth:`propose`."""
-        return [PENDING] * gamma
+    def guess_count(self, seq: Sequence, gamma: int) -> int:
+        return gamma
 
     @torch.inference_mode()
-    def propose(self, step: Step) -> None:
-        """Fill in the guesses of the step's speculating sequences, γ batched draft passes."""
-        seqs = [seq for seq, _ in step.work if seq.draft and seq.draft[0] == PENDING]
+    def propose(self, step: Step) -> dict[int, Draft]:
+        """The guesses of the step's speculating sequences: one batched draft pass per
+        guess slot."""
+        slots = step.guesses
+        seqs = [seq for seq, _ in step.work if seq.id in slots]
         if not seqs:
-            return
+            return {}
         self.runner.cache.copy_blocks(step.copies)
         feeds = {}  # sequence id -> (tokens to feed the draft, the first one's position)
         for seq in seqs:
             known = min(self.known.get(seq.id, 0), seq.num_computed)
             feeds[seq.id] = (seq.tokens[known:], known)
+        guesses: dict[int, list[int]] = {seq.id: [] for seq in seqs}
         dists: dict[int, list[torch.Tensor]] = {seq.id: [] for seq in seqs}
-        for guess in range(max(len(seq.draft) for seq in seqs)):
-            active = sorted((seq for seq in seqs if guess < len(seq.draft)),
+        for guess in range(max(slots.values())):
+            active = sorted((seq for seq in seqs if guess < slots[seq.id]),
                             key=lambda seq: len(feeds[seq.id][0]) != 1)  # decodes first
             work = [SequenceWork(*feeds[seq.id], seq.block_table, 1) for seq in active]
             logits = self.runner.forward(flat_batch(work, [], self.runner.cache.block_size,
@@ -75,13 +104,13 @@ class DraftModelProposer:
                 probs = probabilities(row, seq.params)
                 token = int(probs.argmax() if seq.params.greedy else
                             torch.multinomial(probs, 1, generator=self._generator(seq)))
-                seq.draft[guess] = token
+                guesses[seq.id].append(token)
                 dists[seq.id].append(probs)
                 tokens, start = feeds[seq.id]
                 feeds[seq.id] = ([token], start + len(tokens))
                 self.known[seq.id] = start + len(tokens)
-        for seq in seqs:
-            seq.draft_probs = torch.stack(dists[seq.id])
+        return {seq.id: Draft(tuple(guesses[seq.id]), torch.stack(dists[seq.id]))
+                for seq in seqs}
 
     def forget(self, seq: Sequence) -> None:
         """A finished sequence: drop what the proposer kept for it."""

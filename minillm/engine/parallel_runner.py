@@ -1,4 +1,4 @@
-"""Tensor parallelism inside the serving engine: rank 0 schedules, every rank computes.
+"""Tensor parallelism inside the engine: rank 0 schedules, every rank computes.
 
     llm = LLM("smollm2", tensor_parallel_size=3)   # 3 processes, one shard each
 
@@ -10,7 +10,7 @@ from its heads: the block tables are the same on every rank, only the heads diff
 Two ways to start the ranks:
 
 * **one machine, from Python or ``minillm serve``**: the process that builds the engine
-  is rank 0 and starts ``t − 1`` workers as ``python -m minillm.parallel.worker``
+  is rank 0 and starts ``t − 1`` workers as ``python -m minillm.engine.worker``
   processes, which meet it at a store on 127.0.0.1. They never import the caller's
   script, so ``LLM(..., tensor_parallel_size=t)`` works in a plain script without an
   ``if __name__ == "__main__":`` guard;
@@ -19,20 +19,26 @@ Two ways to start the ranks:
   the same program; in rank 0 ``LLM(...)`` returns the engine, in the others it serves
   rank 0's steps and ends the process when rank 0 closes the engine.
 
-Every step, rank 0 broadcasts the step's :class:`~minillm.serve.executors.batch.FlatBatch`
+Every step, rank 0 broadcasts the step's :class:`~.executors.batch.FlatBatch`
 (token ids, positions, slots, block tables, copy-on-write copies) and all ranks run the
 same forward pass with the same executor; the collectives inside it (two all-reduces per
 block, the vocabulary all-gather) keep the ranks in lockstep, and every rank ends with the
-full logits. Only rank 0 samples. Closing the engine (:meth:`~minillm.serve.LLM.close`,
+full logits. Only rank 0 samples. Closing the engine (:meth:`~.core.EngineCore.close`,
 or leaving a ``with LLM(...)`` block) sends the workers ``None`` and they exit.
 
-**Faults.** Every collective of the group times out after ``worker_timeout`` seconds, so a
-worker that hangs (or whose machine is unreachable) makes rank 0's step fail instead of
-waiting forever; while the engine is idle rank 0 sends a heartbeat every few seconds, so
-workers never wait that long for a live rank 0, and a worker whose rank 0 is gone times out
-and exits. A worker process that dies closes its connections and rank 0's step fails at
-once; rank 0 also watches the processes it started, to name the one that exited. Either
-way the step raises :class:`~minillm.serve.errors.EngineDeadError` with the reason.
+**Start-up** has a budget of its own: 2 minutes for every rank to join
+(``STARTUP_TIMEOUT``, :mod:`minillm.parallel.launch`) and 10 to load its shard
+(``LOAD_TIMEOUT``, :mod:`.worker`), so a busy machine that starts its ranks slowly is not
+mistaken for a lost one.
+
+**Faults.** Once started, every collective of the group times out after
+``worker_timeout`` seconds, so a worker that hangs (or whose machine is unreachable) makes
+rank 0's step fail instead of waiting forever; while the engine is idle rank 0 sends a
+heartbeat every few seconds, so workers never wait that long for a live rank 0, and a
+worker whose rank 0 is gone times out and exits. A worker process that dies closes its
+connections and rank 0's step fails at once; rank 0 also watches the processes it
+started, to name the one that exited. Either way the step raises
+:class:`~.errors.EngineDeadError` with the reason.
 """
 
 from __future__ import annotations
@@ -42,50 +48,28 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_model, resolve_checkpoint
+from ..checkpoint import resolve_checkpoint
 from ..config import ModelConfig
-from ..model import Transformer
-from ..serve.errors import EngineDeadError
-from ..serve.executors.batch import FlatBatch
-from ..serve.runner import ModelRunner, SlotMapping
-from ..serve.sampler import Sampler
-from .launch import free_port, share_cores
-from .loading import load_shard
-from .tensor import ShardWeight, check_split, tensor_parallel
+from ..parallel.launch import (
+    free_port,
+    join_group_at,
+    join_torchrun_group,
+    set_collective_timeout,
+    share_cores,
+    under_torchrun,
+)
+from ..parallel.loading import load_rank_model
+from ..parallel.tensor import ShardWeight, check_split
+from .errors import EngineDeadError
+from .executors import Executor
+from .executors.batch import FlatBatch
+from .runner import ModelRunner, SlotMapping
+from .sampler import Sampler
 from .worker import HEARTBEAT, LOAD_TIMEOUT, loaded_key, serve_rank, wait_for_every_rank
-
-STORE_TIMEOUT = timedelta(minutes=2)  # for every rank to reach rank 0's store
-
-
-def load_rank_model(checkpoint: str, rank: int, world: int, shard_attention: bool,
-                    shard: ShardWeight | None) -> Transformer:
-    """This rank's model: read from its shard of the file, or, with a ``shard`` function
-    of your own, cut by it from the whole model."""
-    if shard is None:
-        return load_shard(checkpoint, rank, world, shard_attention=shard_attention)
-    return tensor_parallel(load_model(checkpoint), rank, world,
-                           shard_attention=shard_attention, shard=shard)
-
-
-def under_torchrun() -> bool:
-    """Was this process started by torchrun (or another env:// launcher)?"""
-    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                "MASTER_PORT"))
-
-
-def join_group_at(store: str, rank: int, world: int, timeout: float = 60.0) -> dist.Store:
-    """Join the gloo group whose store rank 0 hosts at ``host:port``; return the store."""
-    host, port = store.rsplit(":", 1)
-    meeting = dist.TCPStore(host, int(port), world, is_master=rank == 0,
-                            wait_for_workers=False, timeout=STORE_TIMEOUT)
-    dist.init_process_group("gloo", store=meeting, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout))
-    return meeting
 
 
 class TensorParallelRunner(ModelRunner):
@@ -106,24 +90,25 @@ class TensorParallelRunner(ModelRunner):
                     config.vocab_size, world, shard_attention)
         self.threads, self.workers = torch.get_num_threads(), []
         if under_torchrun():
-            _join_torchrun_group(world, worker_timeout)
+            join_torchrun_group(world)
             if dist.get_rank() != 0:  # torchrun's other ranks serve rank 0, then end
                 serve_rank(load_rank_model(checkpoint, dist.get_rank(), world,
                                            shard_attention, shard),
-                           num_blocks, block_size, executor)
+                           num_blocks, block_size, executor, worker_timeout)
                 raise SystemExit(0)
         else:
             store = f"127.0.0.1:{free_port()}"
             self.workers = _start_workers(store, world, worker_timeout, checkpoint,
                                           shard_attention, shard, num_blocks, block_size,
                                           executor)
-            meeting = self._starting(lambda: join_group_at(store, 0, world, worker_timeout))
+            meeting = self._starting(lambda: join_group_at(store, 0, world))
         share_cores(world)
         model = load_rank_model(checkpoint, 0, world, shard_attention, shard)
         super().__init__(model, num_blocks, block_size, slot_mapping, executor, sampler)
         if self.workers:
             self._starting(lambda: self._wait_for_workers_loaded(meeting))
         self._starting(wait_for_every_rank)
+        set_collective_timeout(worker_timeout)  # started: from now on, a lost rank is an error
         self.broadcasting = threading.Lock()  # one collective sequence, steps and heartbeats
         self.failure: str | None = None
         self.closed = threading.Event()
@@ -160,14 +145,14 @@ class TensorParallelRunner(ModelRunner):
                 raise TimeoutError(f"the workers did not load within {LOAD_TIMEOUT}")
             time.sleep(0.05)
 
-    def forward(self, batch: FlatBatch) -> torch.Tensor:
+    def forward(self, batch: FlatBatch, executor: Executor | None = None) -> torch.Tensor:
         """Send ``batch`` to the workers, then run it here with them."""
         if self.failure is not None:
             raise EngineDeadError(self.failure)
         with self.broadcasting:
             try:
                 dist.broadcast_object_list([batch], src=0)
-                return super().forward(batch)
+                return super().forward(batch, executor)
             except Exception as error:  # the ranks are out of step now, whatever failed
                 self.failure = self._cause(error)
                 self._stop_workers(kill=True)
@@ -226,18 +211,10 @@ class TensorParallelRunner(ModelRunner):
         torch.set_num_threads(self.threads)
 
 
-def _join_torchrun_group(world: int, timeout: float) -> None:
-    """Join torchrun's group (env:// rendezvous), checking it has ``world`` ranks."""
-    if int(os.environ["WORLD_SIZE"]) != world:
-        raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the "
-                         f"engine asks for tensor_parallel_size={world}; make them equal")
-    dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
-
-
 def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
                    shard_attention: bool, shard: ShardWeight | None, num_blocks: int,
                    block_size: int, executor: str) -> list[subprocess.Popen]:
-    """Ranks 1 .. world - 1 as ``python -m minillm.parallel.worker`` processes."""
+    """Ranks 1 .. world - 1 as ``python -m minillm.engine.worker`` processes."""
     options = [f"--world={world}", f"--store={store}", f"--timeout={timeout}",
                f"--checkpoint={checkpoint}", f"--num-blocks={num_blocks}",
                f"--block-size={block_size}", f"--executor={executor}"]
@@ -247,7 +224,7 @@ def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
         options.append(f"--shard={_importable_name(shard)}")
     # the workers import what rank 0 can (a shard function from the course's solutions/)
     path = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
-    return [subprocess.Popen([sys.executable, "-m", "minillm.parallel.worker",
+    return [subprocess.Popen([sys.executable, "-m", "minillm.engine.worker",
                               f"--rank={rank}", *options], env=path)
             for rank in range(1, world)]
 

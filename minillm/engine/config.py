@@ -1,0 +1,79 @@
+"""Everything an engine is built from, in one dataclass.
+
+:class:`EngineConfig` gathers the engine's sizes and options: the paged pool, the
+scheduler, the executor, tensor parallelism, speculation, structured output, and the
+seams through which the course's labs put the learner's parts inside the real engine
+(``block_manager``, ``slot_mapping``, ``decode_attention``, ``verifier``, ``shard_weight``,
+``structured_backend``, and the scheduler's ``plan`` and ``preempt``). ``LLM(model,
+**options)`` accepts the same names as keywords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..attention.paged import slot_mapping as default_slot_mapping
+from ..model import Transformer
+from ..parallel.tensor import ShardWeight
+from ..structured.backend import XGrammarBackend
+from .block_manager import BlockManager
+from .executors import EXECUTORS
+from .executors.batch import SlotMapping
+from .paged_cache import DecodeAttention
+from .scheduler import SchedulerConfig
+from .structured import BackendFactory
+
+Verifier = Callable  # minillm.speculative.verify's signature (chapter 11 passes the learner's)
+
+
+@dataclass
+class EngineConfig:
+    """The engine's options.
+
+    ``num_blocks`` blocks of ``block_size`` token slots make the paged KV pool
+    (``prefix_caching``: reuse full blocks of earlier prompts); ``scheduler``: batching
+    policy, token budget, speculation (:class:`~.scheduler.SchedulerConfig`); ``executor``:
+    auto, eager, compiled or native (:mod:`.executors`). ``tensor_parallel_size`` > 1 runs
+    the forward passes on that many processes (``shard_attention``, ``worker_timeout``:
+    :mod:`.parallel_runner`). ``draft_model``: a smaller model guessing for speculation
+    (with ``scheduler.speculative_tokens`` >= 1). ``structured_backend`` builds the
+    constraint backend (chapter 16); ``jump_forward`` appends the tokens a grammar forces
+    without a forward pass each. The seams: ``block_manager`` (an instance, used instead of
+    one built from the sizes), ``slot_mapping``, ``decode_attention``, ``verifier``,
+    ``shard_weight``."""
+
+    block_size: int = 16
+    num_blocks: int = 1024
+    prefix_caching: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    executor: str = "auto"
+    tensor_parallel_size: int = 1
+    shard_attention: bool = True
+    worker_timeout: float = 60.0
+    draft_model: str | Transformer | None = None
+    structured_backend: BackendFactory = XGrammarBackend
+    jump_forward: bool = False
+    block_manager: BlockManager | None = None
+    slot_mapping: SlotMapping = default_slot_mapping
+    decode_attention: DecodeAttention | None = None
+    verifier: Verifier | None = None
+    shard_weight: ShardWeight | None = None
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got "
+                             f"{self.executor!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got "
+                             f"{self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.decode_attention is not None:
+            raise ValueError("decode_attention= runs in one process: leave "
+                             "tensor_parallel_size at 1")
+        if self.draft_model is not None and self.scheduler.speculative_tokens < 1:
+            raise ValueError("a draft model guesses for speculative decoding: give "
+                             "SchedulerConfig(speculative_tokens=γ) with γ >= 1")
+
+    def make_block_manager(self) -> BlockManager:
+        return self.block_manager or BlockManager(self.num_blocks, self.block_size,
+                                                  self.prefix_caching)

@@ -1,0 +1,10 @@
+"""The course's measured experiments, shared by its notebooks and ``benchmarks/``.
+
+* :mod:`.workload` — request traces (real prompts, Poisson arrivals, long-tailed lengths)
+  and replaying one in real time against an engine;
+* :mod:`.decode` — the decode-speed table (``minillm bench``, ``benchmarks/decode.py``);
+* :mod:`.capstone` — chapter 15's techniques switched on one at a time on one trace.
+
+They sit above every other layer of the library (they use the engine, the clients and
+the quantizers as a user would) and nothing in the library imports them.
+"""

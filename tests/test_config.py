@@ -1,0 +1,31 @@
+"""Reading Hugging Face configs: what minillm cannot run is refused with the reason, never
+loaded to compute something else."""
+
+from __future__ import annotations
+
+import pytest
+
+from minillm.config import ModelConfig
+from minillm.testing import TINY
+
+MISTRAL = {"model_type": "mistral", "vocab_size": 256, "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 512, "rope_theta": 1e4}
+
+
+def test_a_sliding_window_is_refused_not_silently_ignored():
+    """Past its window a Mistral layer attends to fewer tokens than full attention: loading
+    it as full attention would differ from Hugging Face's model, so it is refused."""
+    with pytest.raises(ValueError, match="sliding_window=128.*does not implement"):
+        ModelConfig.from_hf({**MISTRAL, "sliding_window": 128})
+
+
+@pytest.mark.parametrize("window", [None, 512, 4096])
+def test_a_window_that_covers_the_whole_context_changes_nothing(window):
+    config = ModelConfig.from_hf({**MISTRAL, "sliding_window": window})
+    assert config.num_kv_heads == 2 and config.max_position_embeddings == 512
+
+
+def test_a_llama_config_round_trips():
+    config = ModelConfig(**TINY)
+    assert ModelConfig.from_hf(config.to_hf()) == config
