@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SITE   := book/_build/html
 
-.PHONY: setup fetch chromium course test exercises notebooks nbval book browser-test bench clean
+.PHONY: setup fetch chromium course test exercises notebooks nbval book browser-test bench gpu-check clean
 
 $(BIN)/minillm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ browser-test: book chromium  ## check the built site: HTML, links, and every pag
 
 bench: fetch  ## decode benchmark table (docs/benchmarks.md)
 	$(BIN)/python benchmarks/decode.py
+
+# On a GPU machine: every Triton kernel and the engine on CUDA against the CPU, then the
+# speed rows (minutes). Without CUDA the same correctness rows run in Triton's interpreter
+# (tests/test_gpu_check.py does that in CI) and the speed rows are skipped.
+gpu-check: fetch  ## check every GPU path on this machine's GPU; the table goes to gpu_check.json
+	$(BIN)/python benchmarks/gpu_check.py --out gpu_check.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
