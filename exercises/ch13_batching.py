@@ -134,7 +134,7 @@ def static_batching_steps(output_lengths: list[int], max_batch: int) -> int:
 
 
 def roofline_step_time(new_tokens: int, cached_tokens: int, cost: CostModel) -> float:
-    """Exercise 13.4: (warm-up) The time of one engine step on the roofline: the slower of memory and compute.
+    """Exercise 13.4: (warm-up) One step's time on the roofline: the slower of memory and compute.
 
     A step reads every weight once (``cost.weight_bytes``) and the keys and values of the
     ``cached_tokens`` its sequences attend to (``cost.kv_bytes_per_token`` each) at
@@ -142,4 +142,4 @@ def roofline_step_time(new_tokens: int, cached_tokens: int, cost: CostModel) -> 
     ``new_tokens`` at ``cost.flops`` FLOP/s. Memory and compute overlap, so the step takes
     the longer of the two, plus ``cost.overhead`` seconds outside the model.
     """
-    raise NotImplementedError("Exercise 13.4: (warm-up) The time of one engine step on the roofline: the slower of memory and compute")
+    raise NotImplementedError("Exercise 13.4: (warm-up) One step's time on the roofline: the slower of memory and compute")

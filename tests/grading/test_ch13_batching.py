@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from minillm.config import ModelConfig
 from minillm.engine.block_manager import BlockManager, chain_hash
-from minillm.engine.sampler import Sampled
 from minillm.engine.policies import check_victims, plan_chunked_step, preemption_victims
+from minillm.engine.sampler import Sampled
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.simulator import CostModel, simulate
@@ -74,23 +74,23 @@ def test_plan_examples(running, waiting, budget, seats, expected):
 
 def broken_plan_rule(counts, running, waiting, budget, max_batch) -> str | None:
     """The first rule of the plan's contract that ``counts`` breaks (None: it keeps them)."""
-    joining = counts[len(running):]
-    if len(counts) < len(running) or len(joining) > len(waiting):
+    started, joining = counts[:len(running)], counts[len(running):]
+    if len(started) < len(running) or len(joining) > len(waiting):
         return "one count per running request, then one per joining waiting request"
+    running_pairs = list(zip(started, running, strict=True))
+    joining_pairs = list(zip(joining, waiting[:len(joining)], strict=True))
     if len(counts) > max(len(running), max_batch):
         return "more requests than max_batch"
-    if any(not 0 <= n <= need for n, need in zip(counts, running)) or \
-            any(not 1 <= n <= need for n, need in zip(joining, waiting)):
+    if any(not 0 <= n <= need for n, need in running_pairs) or \
+            any(not 1 <= n <= need for n, need in joining_pairs):
         return "a request got more than it needs, or a joiner nothing"
     if sum(counts) > budget:
         return "over budget"
-    decodes = [n for n, need in zip(counts, running) if need == 1]
-    prompt_tokens = sum(n for n, need in zip(counts, running) if need > 1) + sum(joining)
-    if 0 in decodes and prompt_tokens:
+    decodes = [n for n, need in running_pairs if need == 1]
+    prompts = [(n, need) for n, need in running_pairs if need > 1] + joining_pairs
+    if 0 in decodes and any(n for n, _ in prompts):
         return "a prompt computed while a decode got nothing"
-    prompts = [(n, need) for n, need in zip(counts, running) if need > 1]
-    prompts += list(zip(joining, waiting))
-    for (n, need), (later, _) in zip(prompts, prompts[1:]):
+    for (n, need), (later, _) in zip(prompts, prompts[1:], strict=False):
         if n < need and later:
             return "a prompt (or joiner) served while an earlier one is still short"
     seated = waiting[:max(max_batch - len(running), 0)]
