@@ -20,12 +20,13 @@ from minillm.engine.simulator import CostModel
 
 # -- the lab: the scheduling policy --------------------------------------------------------
 
+
 def plan_step(running: list[int], waiting: list[int], token_budget: int,
               max_batch: int) -> list[int]:
     """Exercise 13.1: The scheduling policy: how one step spends its token budget.
 
-    The engine calls this every step with chunked prefill (Agrawal et al. 2023,
-    Sarathi-Serve) and then reserves blocks for what it returns.
+    The engine calls this every step with chunked prefill (Sarathi, Agrawal et al. 2023)
+    and then reserves blocks for what it returns.
 
     Inputs:
       ``running``: per running request, in the order they started, the tokens it still
@@ -48,11 +49,12 @@ def plan_step(running: list[int], waiting: list[int], token_budget: int,
       * first come, first served: started prompts in the order they started, then the
         queue in order; nobody joins while a running request is short of its need, and a
         prompt gets tokens only if every prompt before it got all it needs.
-      * no budget wasted: the step computes as many tokens as the budget allows, up to
-        everything the running requests and the seated joiners need.
+      * no budget wasted: ``sum(counts) == min(token_budget, N)``, where N is what the
+        running requests need plus what the first ``max_batch - len(running)`` waiting
+        requests (none if that is not positive) need.
 
-    Hints: section 5 of notebooks/13_batching.ipynb; Sarathi-Serve §4 ("stall-free
-    batching"); :func:`minillm.engine.policies.check_plan`.
+    Hints: sections 5 and 9 of notebooks/13_batching.ipynb; Sarathi-Serve's "stall-free
+    batching" (Agrawal et al. 2024); :func:`minillm.engine.policies.check_plan`.
     """
     ### BEGIN SOLUTION
     counts = [0] * len(running)
@@ -96,7 +98,8 @@ def preemption_victims(need: int, free: int, held: list[int]) -> list[int]:
       * no more than enough: without the last victim the blocks would not have sufficed
         (``[]`` when ``free >= need``).
 
-    Hints: section 6 of the notebook; :func:`minillm.engine.policies.check_victims`.
+    Hints: section 6 of the notebook; the PagedAttention paper (Kwon et al. 2023, §4.5);
+    :func:`minillm.engine.policies.check_victims`.
     """
     ### BEGIN SOLUTION
     victims = []
@@ -133,6 +136,7 @@ def recompute_tokens(computed: int, num_tokens: int, cached_blocks: int,
 
 
 # -- warm-ups ------------------------------------------------------------------------------
+
 
 def request_latencies(arrival: float, token_times: list[float]) -> dict:
     """Exercise 13.2: (warm-up) One request's latencies from its arrival and its tokens' times.
