@@ -163,6 +163,7 @@ def test_a_plan_that_never_admits_a_prompt_is_refused_not_looped_on(tiny):
     ([1, 1], [3, 3, 3], 64, 3, [1, 1, 3]),  # seats: three requests at most
     ([1, 1, 1], [4], 2, 8, [1, 1, 0]),  # the budget runs out before the last decode
     ([], [4, 9, 2], 10, 8, [4, 6]),  # the queue joins in order, the last with a chunk
+    ([1, 1, 1], [5, 5], 10, 2, [1, 1, 1]),  # more running than seats (samples): none joins
 ])
 def test_the_library_plan_follows_sarathi_order(running, waiting, budget, seats, expected):
     assert plan_chunked_step(running, waiting, budget, seats) == expected
@@ -279,6 +280,15 @@ def test_a_preemption_policy_that_breaks_the_rules_is_refused_with_a_reason(tiny
     llm = short_pool(tiny, preempt)
     with pytest.raises(ValueError, match=reason):
         llm.generate(PROMPTS, PARAMS, progress=False)
+
+
+def test_the_victims_check_accepts_nobody_when_enough_blocks_are_free():
+    from minillm.engine.policies import check_victims
+
+    assert preemption_victims(2, 3, [4, 1]) == []
+    check_victims([], 2, 3, [4, 1])  # no error: nobody has to go
+    with pytest.raises(ValueError, match="enough before the last"):
+        check_victims([1], 2, 3, [4, 1])
 
 
 def test_the_simulator_shows_every_step_to_on_step():

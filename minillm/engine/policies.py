@@ -36,7 +36,7 @@ def plan_chunked_step(running: list[int], waiting: list[int], token_budget: int,
             if (need == 1) == decodes_pass:
                 counts[i] = min(need, token_budget)
                 token_budget -= counts[i]
-    for need in waiting[:max_running - len(running)]:
+    for need in waiting[:max(max_running - len(running), 0)]:  # seats may be full already
         if token_budget == 0:
             break
         counts.append(min(need, token_budget))
@@ -67,8 +67,6 @@ def preemption_victims(need: int, free: int, held: list[int]) -> list[int]:
 
 
 Preempt = Callable[[int, int, list[int]], list[int]]
-
-
 
 
 def check_plan(counts: list[int], needs: list[int], waiting_needs: list[int],
@@ -107,6 +105,6 @@ def check_victims(victims: list[int], need: int, free: int, held: list[int]) -> 
         raise ValueError(f"preempt returned {victims}, freeing {sum(freed)} blocks: with "
                          f"{free} free the requester needs {need}; preempt more, or the "
                          "requester (0) last")
-    if free + sum(freed[:-1]) >= need:
+    if victims and free + sum(freed[:-1]) >= need:  # [] is right when enough are free
         raise ValueError(f"preempt returned {victims}: the blocks were enough before the "
                          f"last victim ({free} free, {need} needed, held {held})")

@@ -4,14 +4,14 @@ catch each one. Each mutant replaces the solution function named before its ``__
 import math
 
 
-def plan_step__running_in_start_order(running, waiting, token_budget, max_running):
+def plan_step__running_in_start_order(running, waiting, token_budget, max_batch):
     """Serves running requests in the order they started: an older prompt's chunk can eat
     the budget of the decodes (no decodes-first rule)."""
     counts = []
     for need in running:
         counts.append(min(need, token_budget))
         token_budget -= counts[-1]
-    for need in waiting[:max_running - len(running)]:
+    for need in waiting[:max(max_batch - len(running), 0)]:
         if token_budget == 0:
             break
         counts.append(min(need, token_budget))
@@ -19,7 +19,7 @@ def plan_step__running_in_start_order(running, waiting, token_budget, max_runnin
     return counts
 
 
-def plan_step__whole_prompts_only(running, waiting, token_budget, max_running):
+def plan_step__whole_prompts_only(running, waiting, token_budget, max_batch):
     """Admits a waiting request only if its whole prompt fits (no chunked prefill)."""
     counts = [0] * len(running)
     for decodes_pass in (True, False):
@@ -27,7 +27,7 @@ def plan_step__whole_prompts_only(running, waiting, token_budget, max_running):
             if (need == 1) == decodes_pass:
                 counts[i] = min(need, token_budget)
                 token_budget -= counts[i]
-    for need in waiting[:max_running - len(running)]:
+    for need in waiting[:max(max_batch - len(running), 0)]:
         if need > token_budget:
             break
         counts.append(need)
@@ -35,15 +35,15 @@ def plan_step__whole_prompts_only(running, waiting, token_budget, max_running):
     return counts
 
 
-def plan_step__seats_ignore_running(running, waiting, token_budget, max_running):
-    """Lets up to max_running waiting requests join whatever is already running."""
+def plan_step__seats_ignore_running(running, waiting, token_budget, max_batch):
+    """Lets up to max_batch waiting requests join whatever is already running."""
     counts = [0] * len(running)
     for decodes_pass in (True, False):
         for i, need in enumerate(running):
             if (need == 1) == decodes_pass:
                 counts[i] = min(need, token_budget)
                 token_budget -= counts[i]
-    for need in waiting[:max_running]:
+    for need in waiting[:max_batch]:
         if token_budget == 0:
             break
         counts.append(min(need, token_budget))
@@ -51,11 +51,78 @@ def plan_step__seats_ignore_running(running, waiting, token_budget, max_running)
     return counts
 
 
-def plan_step__budget_per_request(running, waiting, token_budget, max_running):
+def plan_step__budget_per_request(running, waiting, token_budget, max_batch):
     """Gives every request up to the whole budget instead of what is left of it."""
     counts = [min(need, token_budget) for need in running]
-    seats = max_running - len(running)
+    seats = max(max_batch - len(running), 0)
     return counts + [min(need, token_budget) for need in waiting[:seats]]
+
+
+def plan_step__ignores_max_batch(running, waiting, token_budget, max_batch):
+    """Lets every waiting request join while budget is left, whatever the seats."""
+    counts = [0] * len(running)
+    for decodes_pass in (True, False):
+        for i, need in enumerate(running):
+            if (need == 1) == decodes_pass:
+                counts[i] = min(need, token_budget)
+                token_budget -= counts[i]
+    for need in waiting:
+        if token_budget == 0:
+            break
+        counts.append(min(need, token_budget))
+        token_budget -= counts[-1]
+    return counts
+
+
+def plan_step__joins_before_started_prompts(running, waiting, token_budget, max_batch):
+    """Serves decodes, then newcomers, then the started prompts: a waiting request joins
+    while a running one is still short of its need."""
+    counts = [min(need, token_budget) if need == 1 else 0 for need in running]
+    token_budget -= sum(counts)
+    for need in waiting[:max(max_batch - len(running), 0)]:
+        if token_budget == 0:
+            break
+        counts.append(min(need, token_budget))
+        token_budget -= counts[-1]
+    for i, need in enumerate(running):
+        if need > 1:
+            counts[i] = min(need, token_budget)
+            token_budget -= counts[i]
+    return counts
+
+
+def plan_step__budget_off_by_one(running, waiting, token_budget, max_batch):
+    """Stops admitting with one token of budget left (``token_budget <= 1``): a one-token
+    chunk is still work the step could do."""
+    counts = [0] * len(running)
+    for decodes_pass in (True, False):
+        for i, need in enumerate(running):
+            if (need == 1) == decodes_pass:
+                counts[i] = min(need, token_budget)
+                token_budget -= counts[i]
+    for need in waiting[:max(max_batch - len(running), 0)]:
+        if token_budget <= 1:
+            break
+        counts.append(min(need, token_budget))
+        token_budget -= counts[-1]
+    return counts
+
+
+def plan_step__negative_seats(running, waiting, token_budget, max_batch):
+    """Slices the queue with ``max_batch - len(running)`` unguarded: when more requests run
+    than there are seats, the negative slice lets nearly the whole queue join."""
+    counts = [0] * len(running)
+    for decodes_pass in (True, False):
+        for i, need in enumerate(running):
+            if (need == 1) == decodes_pass:
+                counts[i] = min(need, token_budget)
+                token_budget -= counts[i]
+    for need in waiting[:max_batch - len(running)]:
+        if token_budget == 0:
+            break
+        counts.append(min(need, token_budget))
+        token_budget -= counts[-1]
+    return counts
 
 
 def request_latencies__tpot_over_all_tokens(arrival, token_times):
@@ -165,6 +232,18 @@ def preemption_victims__one_too_many(need, free, held):
     victims = []
     for i in reversed(range(len(held))):
         if free > need:
+            break
+        victims.append(i)
+        free += held[i]
+    return victims
+
+
+def preemption_victims__one_too_few(need, free, held):
+    """Stops before the victim whose blocks would make enough: one victim too few, and the
+    requester is still short."""
+    victims = []
+    for i in reversed(range(len(held))):
+        if free >= need or free + held[i] >= need:
             break
         victims.append(i)
         free += held[i]
