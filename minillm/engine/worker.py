@@ -16,18 +16,20 @@ from __future__ import annotations
 import argparse
 import importlib
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch.distributed as dist
 
 from ..model import Transformer
 from ..parallel.launch import join_group_at, set_collective_timeout, share_cores
 from ..parallel.loading import load_rank_model
-from ..parallel.tensor import ShardWeight
+from ..parallel.tensor import ParallelLayers, ShardWeight
 from .executors.batch import FlatBatch
 from .runner import ModelRunner
 
 HEARTBEAT = "heartbeat"  # what rank 0 broadcasts to an idle group
 LOAD_TIMEOUT = timedelta(minutes=10)  # for every rank to load its shard
+LAYER_PARTS = ("parallel_block", "VocabParallelEmbedding", "ParallelLMHead")  # ParallelLayers
 
 
 def wait_for_every_rank() -> None:
@@ -73,6 +75,14 @@ def shard_function(spec: str | None) -> ShardWeight | None:
     return getattr(importlib.import_module(module), name)
 
 
+def parallel_layers(spec: str | None) -> ParallelLayers | None:
+    """``part=module:name,...`` (every part of :data:`LAYER_PARTS`), each imported."""
+    if not spec:
+        return None
+    return SimpleNamespace(**{part: shard_function(name) for part, name in
+                              (item.split("=", 1) for item in spec.split(","))})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, required=True)
@@ -83,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--replicate-attention", action="store_true")
     parser.add_argument("--shard", default=None, help="module:function cutting each weight")
+    parser.add_argument("--layers", default=None,
+                        help="part=module:name,... of the parallel layers to build from")
     parser.add_argument("--num-blocks", type=int, required=True)
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--executor", default="auto")
@@ -90,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     meeting = join_group_at(args.store, args.rank, args.world)
     share_cores(args.world)
     model = load_rank_model(args.checkpoint, args.rank, args.world,
-                            not args.replicate_attention, shard_function(args.shard))
+                            not args.replicate_attention, shard_function(args.shard),
+                            parallel_layers(args.layers))
     serve_rank(model, args.num_blocks, args.block_size, args.executor, args.timeout, meeting)
 
 
