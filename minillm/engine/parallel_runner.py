@@ -71,8 +71,9 @@ from .runner import ModelRunner, SlotMapping
 from .sampler import Sampler
 from .worker import (
     HEARTBEAT,
-    LAYER_PARTS,
     LOAD_TIMEOUT,
+    importable_name,
+    layers_spec,
     loaded_key,
     serve_rank,
     wait_for_every_rank,
@@ -234,23 +235,11 @@ def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
     if not shard_attention:
         options.append("--replicate-attention")
     if shard is not None:
-        options.append(f"--shard={_importable_name(shard)}")
-    if layers is not None:  # each part by name: "parallel_block=module:name,..."
-        options.append("--layers=" + ",".join(f"{part}={_importable_name(getattr(layers, part))}"
-                                              for part in LAYER_PARTS))
+        options.append(f"--shard={importable_name(shard)}")
+    if layers is not None:
+        options.append(f"--layers={layers_spec(layers)}")
     # the workers import what rank 0 can (a shard function from the course's solutions/)
     path = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
     return [subprocess.Popen([sys.executable, "-m", "minillm.engine.worker",
                               f"--rank={rank}", *options], env=path)
             for rank in range(1, world)]
-
-
-def _importable_name(function) -> str:
-    """``module:name`` of a function (or class) a worker process can import, or a clear
-    error."""
-    module, name = function.__module__, function.__qualname__
-    if module == "__main__" or "<" in name:
-        raise ValueError(f"{name!r} must be importable from a module (it runs in the worker "
-                         "processes): define it in a .py file, not in a script's main "
-                         "module, a notebook cell or a lambda")
-    return f"{module}:{name}"

@@ -67,6 +67,23 @@ def _receive() -> FlatBatch | str | None:
     return message[0]
 
 
+def importable_name(function) -> str:
+    """``module:name`` of a function (or class) a worker process can import, or a clear
+    error."""
+    module, name = function.__module__, function.__qualname__
+    if module == "__main__" or "<" in name:
+        raise ValueError(f"{name!r} must be importable from a module (it runs in the worker "
+                         "processes): define it in a .py file, not in a script's main "
+                         "module, a notebook cell or a lambda")
+    return f"{module}:{name}"
+
+
+def layers_spec(layers: ParallelLayers) -> str:
+    """The parts of ``layers`` (a module or namespace) by name, as
+    ``part=module:name,...``: how they reach the worker processes."""
+    return ",".join(f"{part}={importable_name(getattr(layers, part))}" for part in LAYER_PARTS)
+
+
 def shard_function(spec: str | None) -> ShardWeight | None:
     """A ``module:name`` spec, imported (a worker process gets functions by name)."""
     if not spec:
@@ -76,7 +93,7 @@ def shard_function(spec: str | None) -> ShardWeight | None:
 
 
 def parallel_layers(spec: str | None) -> ParallelLayers | None:
-    """``part=module:name,...`` (every part of :data:`LAYER_PARTS`), each imported."""
+    """The parts :func:`layers_spec` named, each imported."""
     if not spec:
         return None
     return SimpleNamespace(**{part: shard_function(name) for part, name in

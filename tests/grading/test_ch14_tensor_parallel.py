@@ -241,14 +241,14 @@ def test_every_rank_computes_the_whole_block(heads, kv_heads, world, shard_atten
 def test_the_given_block_stays_as_it_was():
     model = block_model()
     block = model.layers[0]
-    modules = {name: (module, dict(vars(module))) for name, module in block.named_modules()}
+    modules = dict(block.named_modules())
     heads = (block.attn.num_heads, block.attn.num_kv_heads)
-    tensors = {name: (t, t.detach().clone()) for name, t in block.state_dict(keep_vars=True).items()}
+    tensors = {name: (t, t.detach().clone())
+               for name, t in block.state_dict(keep_vars=True).items()}
     for rank in range(2):
         ranked = impl.parallel_block(block, rank, 2)
         assert ranked is not block and isinstance(ranked, type(block))
-    assert {name: module for name, module in block.named_modules()} == \
-        {name: module for name, (module, _) in modules.items()}, "a module of the block was swapped"
+    assert dict(block.named_modules()) == modules, "a module of the block was swapped"
     assert (block.attn.num_heads, block.attn.num_kv_heads) == heads, "the block's heads changed"
     for name, (tensor, values) in tensors.items():
         current = block.state_dict(keep_vars=True)[name]
@@ -287,9 +287,8 @@ def test_your_layers_in_the_engine(tmp_path):
         expected = [out.tokens for out in llm.generate(prompts, params, progress=False)]
     steps = []
     with LLM(checkpoint, num_blocks=64, block_size=4, tensor_parallel_size=2,
-             parallel_layers=impl, on_step=steps.append) as llm:
-        with CollectiveCounter() as counter:
-            got = [out.tokens for out in llm.generate(prompts, params, progress=False)]
+             parallel_layers=impl, on_step=steps.append) as llm, CollectiveCounter() as counter:
+        got = [out.tokens for out in llm.generate(prompts, params, progress=False)]
     assert got == expected
     layers = TINY["num_layers"]
     assert counter.counts["all_reduce"] == (2 * layers + 1) * len(steps), \
