@@ -271,6 +271,7 @@ def loaded_from_a_mutant_file() -> bool:
 
 @pytest.mark.exercise("14.9", points=3)
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # a worker process starts: tens of seconds on a busy machine
 def test_your_layers_in_the_engine(tmp_path):
     """A tiny model served on 2 processes, every rank built from your layers: the
     one-process engine's greedy tokens, and per step 2 all-reduces per block, the
