@@ -4,8 +4,8 @@
 scheduler, the executor, tensor parallelism, speculation, structured output, and the
 seams through which the course's labs put the learner's parts inside the real engine
 (``block_manager``, ``slot_mapping``, ``decode_attention``, ``verifier``, ``shard_weight``,
-``structured_backend``, and the scheduler's ``plan`` and ``preempt``). ``LLM(model,
-**options)`` accepts the same names as keywords.
+``parallel_layers``, ``structured_backend``, and the scheduler's ``plan`` and
+``preempt``). ``LLM(model, **options)`` accepts the same names as keywords.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..attention.paged import slot_mapping as default_slot_mapping
 from ..model import Transformer
-from ..parallel.tensor import ShardWeight
+from ..parallel.tensor import ParallelLayers, ShardWeight
 from ..structured.backend import XGrammarBackend
 from .block_manager import BlockManager
 from .executors import EXECUTORS
@@ -41,7 +41,9 @@ class EngineConfig:
     constraint backend (chapter 16); ``jump_forward`` appends the tokens a grammar forces
     without a forward pass each. The seams: ``block_manager`` (an instance, used instead of
     one built from the sizes), ``slot_mapping``, ``decode_attention``, ``verifier``,
-    ``shard_weight``."""
+    ``shard_weight``, ``parallel_layers`` (a module or namespace of tensor-parallel layers,
+    :class:`~minillm.parallel.tensor.ParallelLayers`, that every rank builds its model from;
+    they run in the eager executor)."""
 
     block_size: int = 16
     num_blocks: int = 1024
@@ -59,6 +61,7 @@ class EngineConfig:
     decode_attention: DecodeAttention | None = None
     verifier: Verifier | None = None
     shard_weight: ShardWeight | None = None
+    parallel_layers: ParallelLayers | None = None
 
     def __post_init__(self):
         if self.executor not in EXECUTORS:
@@ -70,6 +73,12 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.decode_attention is not None:
             raise ValueError("decode_attention= runs in one process: leave "
                              "tensor_parallel_size at 1")
+        if self.parallel_layers is not None and self.tensor_parallel_size < 2:
+            raise ValueError("parallel_layers= are the layers of tensor-parallel ranks: give "
+                             "tensor_parallel_size >= 2 too")
+        if self.parallel_layers is not None and self.executor in ("compiled", "native"):
+            raise ValueError(f"parallel_layers= run in the eager executor (the {self.executor} "
+                             "one knows only the library's layers): leave executor='auto'")
         if self.draft_model is not None and self.scheduler.speculative_tokens < 1:
             raise ValueError("a draft model guesses for speculative decoding: give "
                              "SchedulerConfig(speculative_tokens=γ) with γ >= 1")

@@ -82,7 +82,8 @@ class EngineCore:
             return TensorParallelRunner(
                 model, config.tensor_parallel_size, blocks.num_blocks, blocks.block_size,
                 config.slot_mapping, shard_attention=config.shard_attention,
-                shard=config.shard_weight, worker_timeout=config.worker_timeout,
+                shard=config.shard_weight, layers=config.parallel_layers,
+                worker_timeout=config.worker_timeout,
                 executor=config.executor, sampler=sampler)
         model = model if isinstance(model, Transformer) else load_model(model)
         return ModelRunner(model, blocks.num_blocks, blocks.block_size, config.slot_mapping,

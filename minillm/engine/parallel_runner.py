@@ -63,24 +63,35 @@ from ..parallel.launch import (
     under_torchrun,
 )
 from ..parallel.loading import load_rank_model
-from ..parallel.tensor import ShardWeight, check_split
+from ..parallel.tensor import ParallelLayers, ShardWeight, check_split
 from .errors import EngineDeadError
 from .executors import Executor
 from .executors.batch import FlatBatch
 from .runner import ModelRunner, SlotMapping
 from .sampler import Sampler
-from .worker import HEARTBEAT, LOAD_TIMEOUT, loaded_key, serve_rank, wait_for_every_rank
+from .worker import (
+    HEARTBEAT,
+    LOAD_TIMEOUT,
+    importable_name,
+    layers_spec,
+    loaded_key,
+    serve_rank,
+    wait_for_every_rank,
+)
 
 
 class TensorParallelRunner(ModelRunner):
     """The engine's runner on rank 0 of ``world`` ranks: every forward pass it runs, the
     other ranks run too. ``worker_timeout``: the seconds any collective may wait for a
-    rank before the group counts as lost."""
+    rank before the group counts as lost. ``shard`` and ``layers``: the ranks cut their
+    weights with this function, or build their models from these parallel layers
+    (:class:`~minillm.parallel.tensor.ParallelLayers`; eager steps only)."""
 
     def __init__(self, checkpoint: str, world: int, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping, *, shard_attention: bool = True,
-                 shard: ShardWeight | None = None, worker_timeout: float = 60.0,
-                 executor: str = "auto", sampler: Sampler | None = None):
+                 shard: ShardWeight | None = None, layers: ParallelLayers | None = None,
+                 worker_timeout: float = 60.0, executor: str = "auto",
+                 sampler: Sampler | None = None):
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group; close "
                                "the other engine (llm.close()) first")
@@ -89,21 +100,23 @@ class TensorParallelRunner(ModelRunner):
         check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
                     config.vocab_size, world, shard_attention)
         self.threads, self.workers = torch.get_num_threads(), []
+        if layers is not None:  # the native and compiled steps know only the library's layers
+            executor = "eager"
         if under_torchrun():
             join_torchrun_group(world)
             if dist.get_rank() != 0:  # torchrun's other ranks serve rank 0, then end
                 serve_rank(load_rank_model(checkpoint, dist.get_rank(), world,
-                                           shard_attention, shard),
+                                           shard_attention, shard, layers),
                            num_blocks, block_size, executor, worker_timeout)
                 raise SystemExit(0)
         else:
             store = f"127.0.0.1:{free_port()}"
             self.workers = _start_workers(store, world, worker_timeout, checkpoint,
-                                          shard_attention, shard, num_blocks, block_size,
-                                          executor)
+                                          shard_attention, shard, layers, num_blocks,
+                                          block_size, executor)
             meeting = self._starting(lambda: join_group_at(store, 0, world))
         share_cores(world)
-        model = load_rank_model(checkpoint, 0, world, shard_attention, shard)
+        model = load_rank_model(checkpoint, 0, world, shard_attention, shard, layers)
         super().__init__(model, num_blocks, block_size, slot_mapping, executor, sampler)
         if self.workers:
             self._starting(lambda: self._wait_for_workers_loaded(meeting))
@@ -212,8 +225,9 @@ class TensorParallelRunner(ModelRunner):
 
 
 def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
-                   shard_attention: bool, shard: ShardWeight | None, num_blocks: int,
-                   block_size: int, executor: str) -> list[subprocess.Popen]:
+                   shard_attention: bool, shard: ShardWeight | None,
+                   layers: ParallelLayers | None, num_blocks: int, block_size: int,
+                   executor: str) -> list[subprocess.Popen]:
     """Ranks 1 .. world - 1 as ``python -m minillm.engine.worker`` processes."""
     options = [f"--world={world}", f"--store={store}", f"--timeout={timeout}",
                f"--checkpoint={checkpoint}", f"--num-blocks={num_blocks}",
@@ -221,19 +235,11 @@ def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
     if not shard_attention:
         options.append("--replicate-attention")
     if shard is not None:
-        options.append(f"--shard={_importable_name(shard)}")
+        options.append(f"--shard={importable_name(shard)}")
+    if layers is not None:
+        options.append(f"--layers={layers_spec(layers)}")
     # the workers import what rank 0 can (a shard function from the course's solutions/)
     path = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
     return [subprocess.Popen([sys.executable, "-m", "minillm.engine.worker",
                               f"--rank={rank}", *options], env=path)
             for rank in range(1, world)]
-
-
-def _importable_name(function) -> str:
-    """``module:name`` of a function a worker process can import, or a clear error."""
-    module, name = function.__module__, function.__qualname__
-    if module == "__main__" or "<" in name:
-        raise ValueError(f"the shard function {name!r} must be importable from a module (it "
-                         "runs in the worker processes): define it in a .py file, not in a "
-                         "script's main module, a notebook cell or a lambda")
-    return f"{module}:{name}"

@@ -16,18 +16,20 @@ from __future__ import annotations
 import argparse
 import importlib
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch.distributed as dist
 
 from ..model import Transformer
 from ..parallel.launch import join_group_at, set_collective_timeout, share_cores
 from ..parallel.loading import load_rank_model
-from ..parallel.tensor import ShardWeight
+from ..parallel.tensor import ParallelLayers, ShardWeight
 from .executors.batch import FlatBatch
 from .runner import ModelRunner
 
 HEARTBEAT = "heartbeat"  # what rank 0 broadcasts to an idle group
 LOAD_TIMEOUT = timedelta(minutes=10)  # for every rank to load its shard
+LAYER_PARTS = ("parallel_block", "VocabParallelEmbedding", "ParallelLMHead")  # ParallelLayers
 
 
 def wait_for_every_rank() -> None:
@@ -65,12 +67,37 @@ def _receive() -> FlatBatch | str | None:
     return message[0]
 
 
+def importable_name(function) -> str:
+    """``module:name`` of a function (or class) a worker process can import, or a clear
+    error."""
+    module, name = function.__module__, function.__qualname__
+    if module == "__main__" or "<" in name:
+        raise ValueError(f"{name!r} must be importable from a module (it runs in the worker "
+                         "processes): define it in a .py file, not in a script's main "
+                         "module, a notebook cell or a lambda")
+    return f"{module}:{name}"
+
+
+def layers_spec(layers: ParallelLayers) -> str:
+    """The parts of ``layers`` (a module or namespace) by name, as
+    ``part=module:name,...``: how they reach the worker processes."""
+    return ",".join(f"{part}={importable_name(getattr(layers, part))}" for part in LAYER_PARTS)
+
+
 def shard_function(spec: str | None) -> ShardWeight | None:
     """A ``module:name`` spec, imported (a worker process gets functions by name)."""
     if not spec:
         return None
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def parallel_layers(spec: str | None) -> ParallelLayers | None:
+    """The parts :func:`layers_spec` named, each imported."""
+    if not spec:
+        return None
+    return SimpleNamespace(**{part: shard_function(name) for part, name in
+                              (item.split("=", 1) for item in spec.split(","))})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--replicate-attention", action="store_true")
     parser.add_argument("--shard", default=None, help="module:function cutting each weight")
+    parser.add_argument("--layers", default=None,
+                        help="part=module:name,... of the parallel layers to build from")
     parser.add_argument("--num-blocks", type=int, required=True)
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--executor", default="auto")
@@ -90,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     meeting = join_group_at(args.store, args.rank, args.world)
     share_cores(args.world)
     model = load_rank_model(args.checkpoint, args.rank, args.world,
-                            not args.replicate_attention, shard_function(args.shard))
+                            not args.replicate_attention, shard_function(args.shard),
+                            parallel_layers(args.layers))
     serve_rank(model, args.num_blocks, args.block_size, args.executor, args.timeout, meeting)
 
 

@@ -3,7 +3,9 @@
 A graded test that passes on a wrong implementation gives a learner full points for a bug.
 ``tests/grading/mutants/chNN_topic.py`` holds, for each exercise of
 ``solutions/chNN_topic.py``, small functions named ``<solution function>__<mistake>``
-with the solution function's signature and a one-line docstring naming the mistake::
+with the solution function's signature (or, for an exercise that is a class, classes
+named ``<solution class>__<mistake>`` with its interface) and a one-line docstring naming
+the mistake::
 
     def magnitude_mask__threshold(weight, sparsity):
         \"\"\"Keeps |w| > the k-th smallest |w|: prunes more than k weights when they tie.\"\"\"
@@ -52,11 +54,12 @@ class Mutant:
 
 
 def solution_exercises(module: str, root: Path = REPO_ROOT) -> dict[str, str]:
-    """{function name: exercise "NN.k"} for the exercise functions of solutions/<module>.py."""
+    """{name: exercise "NN.k"} for the exercise functions (and classes) of
+    solutions/<module>.py."""
     tree = ast.parse((root / "solutions" / f"{module}.py").read_text())
     exercises = {}
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
             found = EXERCISE_LINE.match(ast.get_docstring(node) or "")
             if found:
                 exercises[node.name] = found.group(1)
@@ -75,7 +78,8 @@ def find_mutants(module: str, mutants_dir: Path = MUTANTS_DIR,
     exercises = solution_exercises(module, root)
     mutants = []
     for node in ast.parse(path.read_text()).body:
-        if not isinstance(node, ast.FunctionDef) or "__" not in node.name.strip("_"):
+        if not isinstance(node, ast.FunctionDef | ast.ClassDef) or \
+                "__" not in node.name.strip("_"):
             continue  # a helper, not a mutant
         function, doc = node.name.split("__")[0], ast.get_docstring(node)
         if function not in exercises:

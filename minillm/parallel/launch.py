@@ -1,7 +1,9 @@
 """Run a function on ``world`` processes joined in a torch.distributed process group.
 
 ``run_ranks(fn, world, *args)`` spawns the processes (``torch.multiprocessing``, spawn
-start method: ``fn`` must be a module-level function), joins them in a gloo group over
+start method: ``fn`` must be a module-level function; ``start_method="fork"`` starts them
+in a fraction of a second, each a copy of the caller with everything it has loaded, for a
+caller that holds no process group of its own), joins them in a gloo group over
 127.0.0.1 (nccl on GPUs is the same call with ``backend="nccl"``), calls
 ``fn(rank, world, *args)`` on each and returns every rank's result, in rank order. A rank
 that raises takes the others down with it (torch's process context terminates them), and
@@ -86,13 +88,14 @@ def _rank_main(rank: int, fn, world: int, port: int, out: str, backend: str, arg
         dist.destroy_process_group()
 
 
-def run_ranks(fn, world: int, *args, timeout: float = 300.0, backend: str = "gloo") -> list:
+def run_ranks(fn, world: int, *args, timeout: float = 300.0, backend: str = "gloo",
+              start_method: str = "spawn") -> list:
     """``[fn(rank, world, *args) for rank in range(world)]``, each on its own process."""
     if world < 1:
         raise ValueError(f"world size must be at least 1, got {world}")
     with tempfile.TemporaryDirectory() as out:
         context = mp.start_processes(_rank_main, nprocs=world, join=False,
-                                     start_method="spawn",
+                                     start_method=start_method,
                                      args=(fn, world, free_port(), out, backend, args))
         deadline = time.monotonic() + timeout
         while not context.join(timeout=1.0):

@@ -25,7 +25,14 @@ from ..checkpoint import load_model, resolve_checkpoint
 from ..config import ModelConfig
 from ..model import Transformer
 from ..weights import hf_to_minillm_name, load_weights, weight_files
-from .tensor import COLUMN_PARALLEL, ROW_PARALLEL, ShardWeight, tensor_parallel
+from .tensor import (
+    COLUMN_PARALLEL,
+    ROW_PARALLEL,
+    ParallelLayers,
+    ShardWeight,
+    shard_weight,
+    tensor_parallel,
+)
 
 
 def split_dim(name: str, shard_attention: bool = True) -> int | None:
@@ -94,10 +101,12 @@ def load_shard(name_or_path: str | Path, rank: int, world: int, *,
 
 
 def load_rank_model(checkpoint: str | Path, rank: int, world: int, shard_attention: bool,
-                    shard: ShardWeight | None) -> Transformer:
+                    shard: ShardWeight | None, layers: ParallelLayers | None = None
+                    ) -> Transformer:
     """This rank's model: read from its shard of the file, or, with a ``shard`` function
-    of your own, cut by it from the whole model."""
-    if shard is None:
+    or parallel ``layers`` of your own, cut by them from the whole model."""
+    if shard is None and layers is None:
         return load_shard(checkpoint, rank, world, shard_attention=shard_attention)
     return tensor_parallel(load_model(checkpoint), rank, world,
-                           shard_attention=shard_attention, shard=shard)
+                           shard_attention=shard_attention, shard=shard or shard_weight,
+                           layers=layers)

@@ -7,9 +7,10 @@ process). The notebook, ``benchmarks/parallel.py`` and the tests share them:
 
 * :func:`sharded_forward` — one forward under tensor (and optionally sequence)
   parallelism: the logits, the collectives counted, the activation bytes;
-* :func:`pipelined_forward` — one forward through pipeline stages with micro-batches: the
-  logits on the last stage and every stage's timeline;
-* :func:`timed_decode` — a greedy decode, timed, with the time spent in collectives;
+* :func:`pipelined_forward` — forwards through pipeline stages with micro-batches: the
+  logits on the last stage and every stage's timeline of every repeat;
+* :func:`timed_decode` — a greedy decode, every step timed, with the time spent in
+  collectives;
 * :func:`all_reduce_seconds` — what one all-reduce of a hidden-state vector costs.
 """
 
@@ -45,16 +46,21 @@ def sharded_forward(rank: int, world: int, checkpoint: str, token_ids: list[list
 
 
 def pipelined_forward(rank: int, world: int, checkpoint: str, token_ids: list[list[int]],
-                      microbatch_counts: list[int]) -> dict:
-    """This stage's timeline for each number of micro-batches (after one warm-up pass), and
-    the last stage's logits of the last run."""
+                      microbatch_counts: list[int], repeats: int = 1) -> dict:
+    """This stage's timelines for each number of micro-batches (after one warm-up pass):
+    ``runs[count]`` holds ``repeats`` of them (the counts taken in turn, so a slow moment
+    of the machine touches each alike), ``timelines[count]`` the last; and the last
+    stage's logits of the last run."""
     stage = pipeline_stage(load_model(checkpoint), rank, world)
     ids = torch.tensor(token_ids)
     pipeline_forward(stage, ids, microbatch_counts[0])  # warm-up
-    timelines, logits = {}, None
-    for count in microbatch_counts:
-        logits, timelines[count] = pipeline_forward(stage, ids, count)
-    return {"logits": logits, "timelines": timelines}
+    runs, logits = {count: [] for count in microbatch_counts}, None
+    for _ in range(repeats):
+        for count in microbatch_counts:
+            logits, timeline = pipeline_forward(stage, ids, count)
+            runs[count].append(timeline)
+    return {"logits": logits, "runs": runs,
+            "timelines": {count: timelines[-1] for count, timelines in runs.items()}}
 
 
 def _timed(collective, spent: list[float]):
@@ -69,7 +75,8 @@ def _timed(collective, spent: list[float]):
 def timed_decode(rank: int, world: int, checkpoint: str, prompts: list[list[int]],
                  new_tokens: int, shard_attention: bool = True) -> dict:
     """Greedy-decode ``new_tokens`` after ``prompts`` (one process: the plain model), and
-    time the decode steps (the prefill excluded) and the part spent in collectives."""
+    time the decode steps (the prefill excluded; ``step_s``: each step's seconds) and the
+    part spent in collectives."""
     model = load_model(checkpoint) if world == 1 else \
         load_shard(checkpoint, rank, world, shard_attention=shard_attention)
     generate(model, prompts, 4)  # warm-up
@@ -82,7 +89,8 @@ def timed_decode(rank: int, world: int, checkpoint: str, prompts: list[list[int]
                       on_token=lambda _: marks.append((time.perf_counter(), sum(spent))))
     (first, comm_first), (last, comm_last) = marks[0], marks[-1]
     return {"tokens": tokens, "decode_s": last - first, "comm_s": comm_last - comm_first,
-            "steps": len(marks) - 1}
+            "steps": len(marks) - 1,
+            "step_s": [b - a for (a, _), (b, _) in zip(marks, marks[1:], strict=False)]}
 
 
 def all_reduce_seconds(rank: int, world: int, values: int, repeats: int = 500) -> float:

@@ -20,12 +20,17 @@ the sum counts it once.
 :func:`tensor_parallel` returns rank r's model and leaves the model it was given as it
 was; :func:`minillm.parallel.loading.load_shard` builds the same rank model reading only
 its slice of the safetensors file.
+
+``layers=`` builds the rank model from other parallel layers: any object (a module, a
+namespace) with the three parts of :class:`ParallelLayers`. Chapter 14's lab passes the
+learner's, and the engine runs them (``LLM(..., parallel_layers=...)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -38,6 +43,28 @@ from ..transform import copy_modules
 from .layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 ShardWeight = Callable[[torch.Tensor, int, int, int], torch.Tensor]
+
+
+class ParallelLayers(Protocol):
+    """What :func:`tensor_parallel` needs to build a rank model from other layers (the
+    contracts are chapter 14's lab, ``solutions/ch14_tensor_parallel.py``):
+
+    * ``parallel_block(block, rank, world, shard_attention)``: a new decoder layer
+      computing the whole block's output from this rank's shards (the given one unchanged);
+    * ``VocabParallelEmbedding(weight, rank, world)``: from the whole [vocab, hidden]
+      embedding, a module mapping token ids to their whole embeddings; its ``weight`` is
+      this rank's rows [r·V/t, (r+1)·V/t);
+    * ``ParallelLMHead(weight)``: from this rank's rows of the head, a module mapping
+      hidden states to the whole vocabulary's logits.
+    """
+
+    def parallel_block(self, block: nn.Module, rank: int, world: int,
+                       shard_attention: bool = True) -> nn.Module: ...
+
+    def VocabParallelEmbedding(self, weight: torch.Tensor, rank: int,  # noqa: N802
+                               world: int) -> nn.Module: ...
+
+    def ParallelLMHead(self, weight: torch.Tensor) -> nn.Module: ...  # noqa: N802
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_PARALLEL = ("o_proj", "down_proj")
@@ -131,15 +158,16 @@ def _shard_module(module: nn.Module, rank: int, world: int, shard: ShardWeight) 
 
 
 def tensor_parallel(model: Transformer, rank: int | None = None, world: int | None = None,
-                    *, shard_attention: bool = True,
-                    shard: ShardWeight = shard_weight) -> Transformer:
+                    *, shard_attention: bool = True, shard: ShardWeight = shard_weight,
+                    layers: ParallelLayers | None = None) -> Transformer:
     """Rank ``rank``'s model of ``world``: every weight of ``model`` cut to its slice and
     the collectives wired in (``model`` itself is not changed). ``rank`` / ``world``
     default to the initialised process group's.
 
     ``shard(weight, dim, rank, world)`` cuts every tensor (pass your own to check it). The
     rank model's ``config`` is the rank's: its query and KV heads (so KV caches are sized
-    from them) and its MLP width."""
+    from them) and its MLP width. ``layers``: build it from these parallel layers instead
+    of the library's (:class:`ParallelLayers`; float ``nn.Linear`` weights)."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
     if dist.is_initialized() and world != dist.get_world_size():
@@ -155,6 +183,12 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
                 config.vocab_size, world, shard_attention)
     heads = config.num_heads // world if shard_attention else config.num_heads
     kv_heads = config.num_kv_heads // world if shard_attention else config.num_kv_heads
+    if layers is not None:
+        ranked = _from_layers(model, rank, world, shard_attention, shard, layers)
+        ranked.config = dataclasses.replace(
+            config, num_heads=heads, num_kv_heads=kv_heads,
+            intermediate_size=config.intermediate_size // world)
+        return ranked
     ranked = copy_modules(model)
     for block in ranked.layers:
         if shard_attention:
@@ -169,4 +203,19 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
                                                        rank, world), requires_grad=False))
     ranked.config = dataclasses.replace(config, num_heads=heads, num_kv_heads=kv_heads,
                                         intermediate_size=config.intermediate_size // world)
+    return ranked
+
+
+def _from_layers(model: Transformer, rank: int, world: int, shard_attention: bool,
+                 shard: ShardWeight, layers: ParallelLayers) -> Transformer:
+    """Rank ``rank``'s model built from ``layers`` (its config is the caller's to set)."""
+    ranked = copy_modules(model)
+    ranked.layers = nn.ModuleList(layers.parallel_block(block, rank, world, shard_attention)
+                                  for block in model.layers)
+    ranked.embed_tokens = layers.VocabParallelEmbedding(model.embed_tokens.weight.detach(),
+                                                        rank, world)
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    ranked.lm_head = layers.ParallelLMHead(
+        ranked.embed_tokens.weight if tied else
+        nn.Parameter(shard(model.lm_head.weight.detach(), 0, rank, world), requires_grad=False))
     return ranked

@@ -145,6 +145,7 @@ def test_tensor_parallel_with_your_shard_weight():
 @pytest.mark.exercise("14.1", points=2)
 @pytest.mark.smollm2
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # two worker processes start: tens of seconds on a busy machine
 def test_your_shard_weight_in_the_engine():
     """SmolLM2 on 3 processes, each cutting its weights with your shard_weight: the same
     greedy tokens as one process (about 10-20 s)."""
