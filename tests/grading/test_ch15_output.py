@@ -57,8 +57,9 @@ def check(tokenizer, pushes, params):
     mine = run(impl.sample_stream, tokenizer, pushes, params)
     library = run(SampleStream, tokenizer, pushes, params)
     pushed, sent = [], ""
+    tokens = [[tokenizer.decode([token]) for token in push[0]] for push in pushes]
     for k, (got, want) in enumerate(zip(mine, library, strict=False)):
-        where = f"push {k} of {[p[0] for p in pushes]} (stops {params.stop!r}, include " \
+        where = f"push {k} of the tokens {tokens} (stops {params.stop!r}, include " \
                 f"{params.include_stop_str_in_output})"
         assert tuple(got.token_ids) == want.token_ids, f"tokens that count, {where}"
         assert tuple(got.logprobs) == want.logprobs, f"logprobs of this push's tokens, {where}"
@@ -70,8 +71,8 @@ def check(tokenizer, pushes, params):
             check_bounds(tokenizer.decode(pushed), sent, params.stop, where)
     assert len(mine) == len(library), "a piece must finish the stream exactly when it ends"
     final = "".join(piece.text for piece in library)
-    assert sent == final, f"the text: got {sent!r}, expected {final!r} " \
-                          f"({[p[0] for p in pushes]}, stops {params.stop!r})"
+    assert sent == final, f"the text: got {sent!r}, expected {final!r} (the tokens " \
+                          f"{tokens}, stops {params.stop!r})"
     return mine
 
 
