@@ -8,7 +8,8 @@ a multi-byte character or bytes that are never valid UTF-8 (anywhere in the stre
 only at its end), and any token of the vocabulary; stop strings cut from the stream's own
 text (at its start, across tokens, inside a character's tokens, repeated, one a prefix of
 another) or absent from it. Then your stream runs inside the engine: ``LLM.generate``,
-``LLM.stream`` and the HTTP server, on SmolLM2, give the library's text.
+``LLM.stream`` and the HTTP server give the library's text (on a tiny random model with
+SmolLM2's tokenizer, whose replies are random text; the notebook runs SmolLM2 itself).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from minillm.config import ModelConfig
 from minillm.grading import load_impl
 from minillm.sampling import SamplingParams, TokenLogprob
 from minillm.serve import LLM
 from minillm.serve.detokenizer import held_back
 from minillm.serve.sample_stream import SampleStream
 from minillm.serve.server import serve_in_background
+from minillm.testing import TINY, varied_random_model
 
 impl = load_impl("ch15_output")
 
@@ -226,40 +229,49 @@ def test_random_streams_match_the_library(tokenizer, data):
 
 # -- in the engine ------------------------------------------------------------------------
 
-PROMPTS = ["Name three primary colors, one per line.", "Write a haiku about llamas 🦙."]
+PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [1000, 2000, 3000], [41, 42, 43, 44, 45, 46]]
+MAX_TOKENS = 24
+
+
+def tiny_llm(tokenizer, **options) -> LLM:
+    """A tiny random model with SmolLM2's vocabulary and tokenizer: its greedy replies are
+    random text (lone bytes, multi-byte characters, odd spacing), generated in milliseconds."""
+    config = ModelConfig(**{**TINY, "vocab_size": 49152, "max_position_embeddings": 256})
+    return LLM(varied_random_model(config), tokenizer=tokenizer, block_size=4, num_blocks=128,
+               **options)
 
 
 def stop_cases(replies):
-    """Stop strings cut from each reply: three characters in its middle, the first
-    character (kept), and one that never appears."""
+    """Stop strings cut from each reply: three characters from its middle, one character
+    kept in the text (include_stop_str_in_output), and one that never appears."""
     cases = []
     for prompt, reply in zip(PROMPTS, replies, strict=True):
-        text, middle = reply.text.replace("\ufffd", ""), len(reply.text) // 2
-        cases.append((prompt, SamplingParams(max_tokens=20, stop=[text[middle:middle + 3]])))
-        cases.append((prompt, SamplingParams(max_tokens=20, stop=[text[:1], "zqzq"],
-                                             include_stop_str_in_output=True)))
-    cases.append((PROMPTS[0], SamplingParams(max_tokens=20, stop=["never in it"])))
-    return cases
+        text = reply.text.replace("\ufffd", "")
+        middle = len(text) // 2
+        cases.append((prompt, SamplingParams(max_tokens=MAX_TOKENS,
+                                             stop=[text[middle:middle + 3]])))
+        cases.append((prompt, SamplingParams(max_tokens=MAX_TOKENS, stop=[
+            text[middle + 1:middle + 2], "never in it"], include_stop_str_in_output=True)))
+    return cases + [(PROMPTS[0], SamplingParams(max_tokens=MAX_TOKENS, stop=["never in it"]))]
 
 
 @pytest.fixture(scope="module")
-def library(smollm2, tokenizer):
-    """SmolLM2 on the engine with the library's streams, and the requests to compare."""
-    llm = LLM(smollm2, tokenizer=tokenizer, num_blocks=64)
-    replies = llm.generate([tokenizer.chat_prompt(p) for p in PROMPTS],
-                           SamplingParams(max_tokens=20), progress=False)
-    cases = [(tokenizer.chat_prompt(prompt), params) for prompt, params in stop_cases(replies)]
+def library(tokenizer):
+    """The requests to compare, and their outputs on an engine with the library's streams."""
+    llm = tiny_llm(tokenizer)
+    cases = stop_cases(llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS),
+                                    progress=False))
     return cases, llm.generate([c[0] for c in cases], [c[1] for c in cases], progress=False)
 
 
 @pytest.mark.exercise("15.2", points=2)
 @pytest.mark.smollm2
-def test_your_stream_in_llm_generate_and_stream(smollm2, tokenizer, library):
+def test_your_stream_in_llm_generate_and_stream(tokenizer, library):
     """``LLM(sample_stream=yours)``: generate and stream give the library's text, tokens
-    and finish reasons on SmolLM2's greedy replies, with stop strings cut from them."""
+    and finish reasons, with stop strings cut from the replies, and free every block."""
     impl.sample_stream(tokenizer, SamplingParams())  # fail here, before the engine starts
     cases, expected = library
-    yours = LLM(smollm2, tokenizer=tokenizer, num_blocks=64, sample_stream=impl.sample_stream)
+    yours = tiny_llm(tokenizer, sample_stream=impl.sample_stream)
     outputs = yours.generate([c[0] for c in cases], [c[1] for c in cases], progress=False)
     for (prompt, params), got, want in zip(cases, outputs, expected, strict=True):
         assert (got.text, got.tokens, got.finish_reason, got.outputs[0].stop_reason) == \
@@ -267,26 +279,26 @@ def test_your_stream_in_llm_generate_and_stream(smollm2, tokenizer, library):
             params.stop
         streamed = "".join(update.text for update in yours.stream(prompt, params))
         assert streamed == want.text, params.stop
-    assert yours.free_blocks() == 64
+    assert yours.free_blocks() == 128
 
 
 @pytest.mark.exercise("15.2", points=2)
 @pytest.mark.smollm2
-def test_your_stream_in_the_server(smollm2, tokenizer, library):
+def test_your_stream_in_the_server(tokenizer, library):
     """The HTTP server of ``LLM(sample_stream=yours)``: streamed and whole replies both
     carry the library's text."""
     impl.sample_stream(tokenizer, SamplingParams())  # fail here, before the server starts
     cases, expected = library
-    yours = LLM(smollm2, tokenizer=tokenizer, num_blocks=64, sample_stream=impl.sample_stream)
-    with serve_in_background(yours, "smollm2") as url:
-        for (prompt, params), want in list(zip(cases, expected, strict=True))[:4]:
-            body = {"model": "smollm2", "prompt": prompt, "temperature": 0, "max_tokens": 20,
-                    "stop": list(params.stop),
+    with serve_in_background(tiny_llm(tokenizer, sample_stream=impl.sample_stream),
+                             "tiny") as url:
+        for (prompt, params), want in zip(cases, expected, strict=True):
+            body = {"model": "tiny", "prompt": prompt, "temperature": 0,
+                    "max_tokens": MAX_TOKENS, "stop": list(params.stop),
                     "include_stop_str_in_output": params.include_stop_str_in_output}
-            whole = httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+            whole = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
             assert whole["choices"][0]["text"] == want.text, params.stop
             with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
-                              timeout=120) as response:
+                              timeout=60) as response:
                 streamed = "".join(json.loads(line[6:])["choices"][0]["text"]
                                    for line in response.iter_lines()
                                    if line.startswith("data: {"))
