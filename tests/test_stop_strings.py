@@ -25,6 +25,7 @@ from minillm.sampling import SamplingParams
 from minillm.serve import LLM
 from minillm.serve.detokenizer import IncrementalDetokenizer
 from minillm.serve.output_processor import OutputProcessor
+from minillm.serve.sample_stream import SampleStream
 from minillm.serve.server import serve_in_background
 from minillm.testing import TINY, varied_random_model
 
@@ -183,3 +184,22 @@ def test_every_client_gives_the_same_text(tiny, tokenizer):
             assert tokens == offline.tokens
             assert offline.outputs[0].stop_reason in stops  # cut from its own reply: it stops
             assert llm.free_blocks() == 128
+
+
+def test_every_client_runs_the_engines_sample_streams(tiny):
+    """``LLM(sample_stream=...)`` (chapter 15's lab seam) makes the stream of every sample:
+    ``generate``'s (one per sample of ``n``), ``stream``'s and the server's."""
+    made = []
+
+    def counting(tokenizer, params):
+        made.append(params)
+        return SampleStream(tokenizer, params)
+
+    llm = LLM(tiny[0], block_size=4, num_blocks=64, sample_stream=counting)
+    llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, n=2), progress=False)
+    assert len(made) == 2
+    list(llm.stream(PROMPTS[1], SamplingParams(max_tokens=4)))
+    assert len(made) == 3
+    with serve_in_background(llm, "tiny") as url:
+        server_texts(url, PROMPTS[2], {"max_tokens": 4})  # a whole reply, then a streamed one
+    assert len(made) == 5

@@ -106,7 +106,7 @@ def _settle(future: asyncio.Future, result, error: BaseException | None) -> None
 class AsyncEngine:
     def __init__(self, llm: LLM, processor: OutputProcessor | None = None):
         """``processor``: how the followed requests' text is made (default: the engine's
-        own; a server passes one with its detokenizer rules)."""
+        own; a server passes one of its own, with the engine's sample streams)."""
         self.llm = llm
         self.processor = processor or llm.processor
         self.submissions: list[_Submission] = []

@@ -23,7 +23,7 @@ detokenization). The result is the text a decode of the whole output gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -38,21 +38,17 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-HoldBack = Callable[[str, Sequence[str]], int]
-
-
-def next_delta(text: str, sent: int, stops: Sequence[str], hold_back: HoldBack = held_back
-               ) -> tuple[str, int, bool]:
+def next_delta(text: str, sent: int, stops: Sequence[str]) -> tuple[str, int, bool]:
     """One step of the stream: the new text that is safe to send, the count of characters
     sent after it, and whether a stop string ended the reply. ``text`` is the whole output
     decoded so far, of which ``sent`` characters already went out; ``stops`` are
     non-empty.
 
     A stop string that ends after the sent characters ends the reply (it may start up to
-    ``len(stop) - 1`` characters before them, if ``hold_back`` let some go): the text
+    ``len(stop) - 1`` characters before them, had they been let go): the text
     before the earliest one is the last piece. Otherwise text ending in "\ufffd" (an
-    incomplete UTF-8 character) waits, and the rest goes out but for the ``hold_back``
-    characters that may start a stop string. The count never goes back: text already
+    incomplete UTF-8 character) waits, and the rest goes out but for the characters that
+    may start a stop string (:func:`held_back`). The count never goes back: text already
     sent is never sent again."""
     found = [i for i in (text.find(stop, max(0, sent - len(stop) + 1)) for stop in stops)
              if i >= 0]
@@ -61,24 +57,16 @@ def next_delta(text: str, sent: int, stops: Sequence[str], hold_back: HoldBack =
     elif text.endswith("\ufffd"):
         return "", sent, False
     else:
-        end = len(text) - hold_back(text, stops)
+        end = len(text) - held_back(text, stops)
     return text[sent:end], max(sent, end), bool(found)
 
 
-NextDelta = Callable[[str, int, Sequence[str], HoldBack], tuple[str, int, bool]]
-
-
 class IncrementalDetokenizer:
-    """Turns a growing list of output token ids into text deltas, honouring ``stops``.
-    ``hold_back(text, stops)`` says how much of the text's end to keep back and
-    ``next_delta(text, sent, stops, hold_back)`` what to send (chapter 15 passes the
-    learner's :func:`held_back` and :func:`next_delta`)."""
+    """Turns a growing list of output token ids into text deltas, honouring ``stops``
+    (:func:`next_delta` decides what each push sends)."""
 
-    def __init__(self, tokenizer, stops: Sequence[str] = (), hold_back: HoldBack = held_back,
-                 next_delta: NextDelta = next_delta):
+    def __init__(self, tokenizer, stops: Sequence[str] = ()):
         self.tokenizer = tokenizer
-        self.hold_back = hold_back
-        self.next_delta = next_delta
         self.stops = [stop for stop in stops if stop]
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already handed out
@@ -110,8 +98,7 @@ class IncrementalDetokenizer:
             return ""
         self.tokens.extend(tokens)
         self._decode_new()
-        delta, self.sent, self.stopped = self.next_delta(self.text(), self.sent, self.stops,
-                                                         self.hold_back)
+        delta, self.sent, self.stopped = next_delta(self.text(), self.sent, self.stops)
         return delta
 
     def finish(self) -> str:

@@ -47,19 +47,20 @@ from ..engine.errors import EngineDeadError
 from ..model import Transformer
 from ..sampling import SamplingParams
 from ..tokenizer import Tokenizer
-from .detokenizer import HoldBack, NextDelta, held_back, next_delta
 from .output_processor import OutputProcessor, RequestOutput, Update
+from .sample_stream import SampleStream, StreamFactory
 
 
 class LLM:
     """An engine over a model (a loaded :class:`~minillm.model.Transformer`, or a
     checkpoint's name or directory) and its tokenizer (loaded from the checkpoint when not
-    given; without one, prompts and outputs are token ids only)."""
+    given; without one, prompts and outputs are token ids only). ``sample_stream(tokenizer,
+    params)`` makes each sample's text stream (:mod:`.sample_stream`) for every client of
+    this engine, its server included (chapter 15's lab passes the learner's)."""
 
     def __init__(self, model: str | Transformer = "smollm2", config: EngineConfig | None = None,
                  *, tokenizer=None, on_step: Callable[[StepReport], None] | None = None,
-                 hold_back: HoldBack = held_back, next_delta: NextDelta = next_delta,
-                 **options):
+                 sample_stream: StreamFactory = SampleStream, **options):
         if config is not None and options:
             raise ValueError(f"give config= or its fields as keywords, not both "
                              f"({', '.join(options)})")
@@ -67,8 +68,7 @@ class LLM:
             tokenizer = Tokenizer(model)
         self.tokenizer = tokenizer
         self.core = EngineCore(model, config or EngineConfig(**options), tokenizer, on_step)
-        self.processor = OutputProcessor(tokenizer, hold_back=hold_back,
-                                         next_delta=next_delta)
+        self.processor = OutputProcessor(tokenizer, sample_stream=sample_stream)
         self.outputs: dict[int, RequestOutput] = {}  # until the client takes them
         self._ids = itertools.count()
 

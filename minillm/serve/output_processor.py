@@ -8,12 +8,13 @@ The core hands out one :class:`~minillm.engine.deltas.RequestDelta` per sample t
 in a step: token ids, their log-probabilities, a finish reason. Every client turns those
 into the same things, so one object does it for all of them:
 
-* **incremental detokenisation**: each sample's text grows by the safe part of its decoded
-  output (an incomplete UTF-8 character is held back: :mod:`.detokenizer`);
-* **stop strings** (``SamplingParams.stop``), found across tokens: the text ends before the
-  first one, or after it with ``include_stop_str_in_output``; the sample's tokens end at
-  the token that completed it; and the processor asks the client to abort the sample in
-  the core (:attr:`Update.stopped`), so its blocks are freed at once;
+* **incremental detokenisation** and **stop strings**, by each sample's stream
+  (:mod:`.sample_stream`): the text grows by the safe part of the decoded output (an
+  incomplete UTF-8 character is held back: :mod:`.detokenizer`); stop strings
+  (``SamplingParams.stop``) are found across tokens, the text ends before the first one
+  (after it with ``include_stop_str_in_output``) and the tokens at the token that
+  completed it; the processor then asks the client to abort the sample in the core
+  (:attr:`Update.stopped`), so its blocks are freed at once;
 * **log-probabilities** and usage counts, **latencies** (arrival and token times, for
   :mod:`.metrics`) and speculation statistics;
 * the finished :class:`RequestOutput` (vLLM's shape: ``outputs`` holds the ``n``
@@ -32,7 +33,7 @@ from typing import NamedTuple
 
 from ..engine.deltas import RequestDelta
 from ..sampling import SamplingParams, TokenLogprob
-from .detokenizer import HoldBack, IncrementalDetokenizer, NextDelta, held_back, next_delta
+from .sample_stream import Piece, SampleStream, Stream, StreamFactory
 
 
 @dataclass
@@ -105,47 +106,24 @@ class Update(NamedTuple):
 
 
 class _Sample:
-    """What the processor keeps for one sample while it runs."""
+    """What the processor keeps for one sample while it runs: its output and its stream
+    (None without a tokenizer: tokens only)."""
 
-    def __init__(self, output: CompletionOutput, detokenizer: IncrementalDetokenizer | None,
-                 params: SamplingParams):
-        self.output, self.detokenizer, self.params = output, detokenizer, params
+    def __init__(self, output: CompletionOutput, stream: Stream | None):
+        self.output, self.stream = output, stream
 
-    def push(self, tokens: tuple[int, ...]) -> tuple[str, int]:
-        """The text these tokens make safe to send, and how many of them count (all but
-        those after a stop string's last token)."""
-        if self.detokenizer is None:
-            return "", len(tokens)
-        if not self.params.stop:
-            return self.detokenizer.push(tokens), len(tokens)
-        text = ""
-        for count, token in enumerate(tokens, start=1):  # one at a time: find the token
-            text += self.detokenizer.push([token])  # that completes a stop string
-            if self.detokenizer.stopped:
-                return text + self._stop_string(), count
-        return text, len(tokens)
-
-    def _stop_string(self) -> str:
-        """The stop string that ended the text, recorded; returned for the text when the
-        request keeps it (``include_stop_str_in_output``)."""
-        full = self.detokenizer.text()
-        _, found = min((full.find(stop), stop) for stop in self.detokenizer.stops
-                       if stop in full)  # the earliest: the one the stream stopped at
-        self.output.stop_reason = found
-        return found if self.params.include_stop_str_in_output else ""
-
-    def finish(self) -> str:
-        return self.detokenizer.finish() if self.detokenizer is not None else ""
+    def push(self, delta: RequestDelta) -> Piece:
+        if self.stream is None:
+            return Piece("", delta.token_ids, delta.logprobs, delta.finish_reason)
+        return self.stream.push(delta.token_ids, delta.logprobs, delta.finish_reason)
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer=None, *, hold_back: HoldBack = held_back,
-                 next_delta: NextDelta = next_delta):
+    def __init__(self, tokenizer=None, *, sample_stream: StreamFactory = SampleStream):
         """``tokenizer``: turns tokens into text (None: outputs carry tokens only, and stop
-        strings cannot be used). ``hold_back`` and ``next_delta``: the detokenizer's rule
-        for text that may start a stop string and its step (chapter 15 passes the
-        learner's)."""
-        self.tokenizer, self.hold_back, self.next_delta = tokenizer, hold_back, next_delta
+        strings cannot be used). ``sample_stream(tokenizer, params)``: makes each sample's
+        stream (:mod:`.sample_stream`; chapter 15's lab passes the learner's)."""
+        self.tokenizer, self.sample_stream = tokenizer, sample_stream
         self.requests: dict[int, tuple[RequestOutput, list[_Sample]]] = {}
 
     def add(self, request_id: int, prompt: list[int], params: SamplingParams,
@@ -157,7 +135,7 @@ class OutputProcessor:
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         outputs = [CompletionOutput(i, text="" if self.tokenizer else None,
                                     arrival_time=arrival) for i in range(params.n)]
-        samples = [_Sample(output, self._detokenizer(params), params) for output in outputs]
+        samples = [_Sample(output, self._stream(params)) for output in outputs]
         self.requests[request_id] = (RequestOutput(request_id, list(prompt), outputs), samples)
         return self.requests[request_id][0]
 
@@ -171,11 +149,8 @@ class OutputProcessor:
                    for i in range(params.n)]
         return RequestOutput(request_id, list(prompt), outputs, reason)
 
-    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer | None:
-        if self.tokenizer is None:
-            return None
-        return IncrementalDetokenizer(self.tokenizer, params.stop, self.hold_back,
-                                      self.next_delta)
+    def _stream(self, params: SamplingParams) -> Stream | None:
+        return None if self.tokenizer is None else self.sample_stream(self.tokenizer, params)
 
     def process(self, deltas: list[RequestDelta]) -> list[Update]:
         """Apply one step's deltas; returns an update per sample that changed (requests
@@ -196,27 +171,23 @@ class OutputProcessor:
 
     def _apply(self, delta: RequestDelta) -> Update:
         request, samples = self.requests[delta.request_id]
-        sample = samples[delta.index]
-        output = sample.output
-        text, kept = sample.push(delta.token_ids)
-        tokens, logprobs = delta.token_ids[:kept], delta.logprobs[:kept]
-        output.tokens += tokens
-        output.logprobs += logprobs
-        output.token_times += [delta.time] * len(tokens)
+        output = samples[delta.index].output
+        piece = samples[delta.index].push(delta)
+        output.tokens += piece.token_ids
+        output.logprobs += piece.logprobs
+        output.token_times += [delta.time] * len(piece.token_ids)
         output.drafted += delta.drafted
         output.accepted += delta.accepted
         output.forced += delta.forced
-        stopped = output.stop_reason is not None
-        reason = "stop" if stopped else delta.finish_reason
-        if reason is not None and not stopped:
-            text += sample.finish()
         if delta.error is not None:
             request.error = delta.error
         if output.text is not None:
-            output.text += text
-        output.finish_reason = reason
-        return Update(delta.request_id, delta.index, text, tokens, logprobs, reason,
-                      delta.error, stopped and not delta.finished)
+            output.text += piece.text
+        output.stop_reason = piece.stop_reason
+        output.finish_reason = piece.finish_reason or delta.finish_reason
+        stopped = output.finished and not delta.finished  # by the stream: still in the core
+        return Update(delta.request_id, delta.index, piece.text, tuple(piece.token_ids),
+                      tuple(piece.logprobs), output.finish_reason, delta.error, stopped)
 
     def abort(self, request_id: int, index: int | None = None) -> None:
         """A client cancelled a request (or its sample ``index``): its unfinished samples

@@ -28,7 +28,7 @@ that is not Unicode (JSON's ``\\udcff`` escape: a lone surrogate), in any field,
 refused with a 400 that names the field, never decoded into other characters.
 
 Every prompt becomes one engine request (:class:`~.async_engine.AsyncEngine`); its text
-comes from an :class:`~.detokenizer.IncrementalDetokenizer` per sample, so a stop string
+comes from a :class:`~.sample_stream.SampleStream` per sample, so a stop string
 ends the reply before it (and frees the request's blocks at once) even when it spans
 tokens, and an incomplete UTF-8 character is never sent. Bad requests get OpenAI's error
 body (``{"error": {"message", "type", "param", "code"}}``) with status 400, or 404 for an

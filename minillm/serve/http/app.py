@@ -19,7 +19,6 @@ from prometheus_client import generate_latest
 from ...engine.errors import EngineDeadError
 from ..async_engine import AsyncEngine
 from ..async_engine import Request as EngineRequest
-from ..detokenizer import HoldBack, NextDelta, held_back, next_delta
 from ..llm import LLM
 from ..output_processor import OutputProcessor
 from .errors import ApiError, _documented, answer_errors_as_openai
@@ -32,21 +31,18 @@ CHAT_PAGE = Path(__file__).parents[1] / "chat.html"  # the page at /: streams a 
 
 
 def create_app(llm: LLM, model_name: str = "smollm2", *,
-               hold_back: HoldBack = held_back,
-               next_delta: NextDelta = next_delta,
                on_engine_stop: Callable[[str], None] | None = None,
                api_key: str | None = None) -> FastAPI:
     """The server's ASGI app around ``llm`` (which needs a tokenizer). Its requests' text is
-    made by an output processor of its own, whose detokenizer has the rule ``hold_back``
-    for text that may start a stop string and the step ``next_delta`` that decides what to
-    send (chapter 15: yours, exercises 15.2 and 15.4).
+    made by an output processor of its own, with the engine's sample streams
+    (``LLM(sample_stream=...)``: chapter 15's lab runs the learner's in the server).
     ``on_engine_stop(reason)`` is called once if the engine stops for good. With an
     ``api_key``, every ``/v1`` endpoint wants ``Authorization: Bearer <api_key>`` (as
     vLLM's ``--api-key``); the chat page, ``/health`` and ``/metrics`` stay open."""
     if llm.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer")
-    engine = AsyncEngine(llm, OutputProcessor(llm.tokenizer, hold_back=hold_back,
-                                              next_delta=next_delta))
+    engine = AsyncEngine(llm, OutputProcessor(llm.tokenizer,
+                                              sample_stream=llm.processor.sample_stream))
     server_metrics = ServerMetrics(llm)
     follower = Follower(engine, server_metrics.record)
 

@@ -17,8 +17,7 @@ def serve_in_background(llm: LLM, model_name: str = "smollm2", **app_options
                         ) -> Iterator[str]:
     """Serve ``llm`` on a free port of 127.0.0.1 from a thread of this process (uvicorn),
     for a notebook or a test; yields the server's URL and stops it on exit.
-    ``app_options`` go to :func:`~.app.create_app` (``hold_back``, ``next_delta``,
-    ``on_engine_stop``, ``api_key``)."""
+    ``app_options`` go to :func:`~.app.create_app` (``on_engine_stop``, ``api_key``)."""
     import uvicorn  # heavy: the HTTP server loads only when one is started
 
     server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, **app_options),
