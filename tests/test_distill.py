@@ -104,7 +104,7 @@ from minillm.distill import (  # noqa: E402
 )
 from minillm.draft import frequent_tokens, layer_dropped, reduce_head  # noqa: E402
 from minillm.generate import generate  # noqa: E402
-from minillm.speculative import DraftModel, speculative_generate  # noqa: E402
+from minillm.speculative_generate import DraftModel, speculative_generate  # noqa: E402
 from minillm.testing import tiny_pair  # noqa: E402
 
 

@@ -260,9 +260,9 @@ def test_what_the_core_hands_out_cannot_be_changed(tiny):
     engine_core.add(0, PROMPTS[0], SamplingParams(max_tokens=3, logprobs=2))
     delta = engine_core.step()[0]
     assert isinstance(delta.token_ids, tuple) and isinstance(delta.logprobs, tuple)
-    with pytest.raises(FrozenInstanceError):
+    with pytest.raises(AttributeError):  # a named tuple's fields are read-only
         delta.token_ids = (1, 2, 3)
-    with pytest.raises(FrozenInstanceError):
+    with pytest.raises(AttributeError):
         delta.finish_reason = "stop"
     report = reports[-1]
     assert isinstance(report.work, tuple) and isinstance(report.preempted, tuple)
