@@ -166,7 +166,7 @@ def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.T
 
     Hints: the online softmax of chapter 05 (exercise 05.1, notebook 05 section 2;
     FlashAttention, Dao et al. 2022, Algorithm 1); PagedAttention (Kwon et al. 2023)
-    §4.1; notebook 12 section 2.
+    §4.1; notebook 12 section 7 (the recurrence, and the engine run).
     """
     ### BEGIN SOLUTION
     heads, head_dim = q.shape
