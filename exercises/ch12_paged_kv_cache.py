@@ -1,8 +1,9 @@
 # Generated from solutions/ch12_paged_kv_cache.py by `python -m minillm.grading.exercises`.
 # Fill in the parts that raise NotImplementedError; do not edit the rest.
-"""Chapter 12: the paged KV cache — reference-counted blocks, copy-on-write, prefix caching by
-hash chain, the slot mapping that tells attention where every key and value lives, and attention
-that reads them through the block table."""
+"""Chapter 12: the paged KV cache. Warm-ups: reference-counted blocks, copy-on-write, prefix
+caching by hash chain, the slot mapping that tells attention where every key and value lives.
+The lab: decode attention that reads keys and values through the block table, block by block,
+with the online softmax of chapter 05 and no gathered copy of the context."""
 
 from __future__ import annotations
 
@@ -34,38 +35,38 @@ class BlockPool:
 
 
 def allocate(pool: BlockPool) -> int:
-    """Exercise 12.1: Hand out a fresh block: the least recently freed one.
+    """Exercise 12.1: Warm-up: hand out a fresh block, the least recently freed one.
 
     Take the first block of ``pool.free``, remove it from the free list, give it a ref
     count of 1 and return its id. With no free block left, raise ``OutOfBlocks`` (imported
     above) and change nothing.
     Hint: ``next(iter(pool.free))`` is the first key; ``del pool.free[block]`` removes it.
     """
-    raise NotImplementedError("Exercise 12.1: Hand out a fresh block: the least recently freed one")
+    raise NotImplementedError("Exercise 12.1: Warm-up: hand out a fresh block, the least recently freed one")
 
 
 def share(pool: BlockPool, block: int) -> None:
-    """Exercise 12.1: One more block table holds ``block`` (a fork, or a prefix-cache hit).
+    """Exercise 12.1: Warm-up: one more block table holds ``block`` (a fork, a cache hit).
 
     Its ref count goes up by one. A block that nobody held (a cached block waiting on the
     free list) is in use again: it must leave the free list, or it could be handed out
     twice.
     """
-    raise NotImplementedError("Exercise 12.1: One more block table holds ``block`` (a fork, or a prefix-cache hit)")
+    raise NotImplementedError("Exercise 12.1: Warm-up: one more block table holds ``block`` (a fork, a cache hit)")
 
 
 def release(pool: BlockPool, block: int) -> None:
-    """Exercise 12.1: One block table lets go of ``block``.
+    """Exercise 12.1: Warm-up: one block table lets go of ``block``.
 
     Its ref count goes down by one; when nobody holds it any more it joins the END of the
     free list (the most recently freed block is evicted last, so a popular prefix stays
     cached longest). Releasing a block that is already free is a bug: raise ValueError.
     """
-    raise NotImplementedError("Exercise 12.1: One block table lets go of ``block``")
+    raise NotImplementedError("Exercise 12.1: Warm-up: one block table lets go of ``block``")
 
 
 def copy_on_write(pool: BlockPool, table: list[int], index: int) -> tuple[int, int] | None:
-    """Exercise 12.2: Make ``table[index]`` safe to write into (copy-on-write, PagedAttention §4.4).
+    """Exercise 12.2: Warm-up: make ``table[index]`` safe to write into (copy-on-write, §4.4).
 
     A block that only this table holds is written in place: return None. A shared block
     (ref count > 1) is never written: allocate a private block, let go of the shared one,
@@ -73,11 +74,11 @@ def copy_on_write(pool: BlockPool, table: list[int], index: int) -> tuple[int, i
     copies the shared block's keys and values into the private block before the write.
     If the pool is empty, ``allocate`` raises and nothing may have changed yet.
     """
-    raise NotImplementedError("Exercise 12.2: Make ``table[index]`` safe to write into (copy-on-write, PagedAttention §4.4)")
+    raise NotImplementedError("Exercise 12.2: Warm-up: make ``table[index]`` safe to write into (copy-on-write, §4.4)")
 
 
 def prefix_hashes(tokens: list[int], block_size: int) -> list[int]:
-    """Exercise 12.3: The hash chain naming the full blocks a new request may find in the cache.
+    """Exercise 12.3: Warm-up: the hash chain naming the full blocks a request may find cached.
 
     Block i holds ``tokens[i * block_size:(i + 1) * block_size]``. Its name is
     ``chain_hash(name of block i - 1 (None for block 0), tuple of its token ids)``, so a
@@ -86,28 +87,53 @@ def prefix_hashes(tokens: list[int], block_size: int) -> list[int]:
     output token), so its block is never taken from the cache. Returns the names, block 0
     first.
     """
-    raise NotImplementedError("Exercise 12.3: The hash chain naming the full blocks a new request may find in the cache")
+    raise NotImplementedError("Exercise 12.3: Warm-up: the hash chain naming the full blocks a request may find cached")
 
 
 def slot_mapping(block_table: list[int], start: int, count: int, block_size: int) -> list[int]:
-    """Exercise 12.4: The pool slots of tokens ``start .. start + count - 1`` of one sequence.
+    """Exercise 12.4: Warm-up: the pool slots of tokens ``start .. start + count - 1``.
 
     Token t lives in block ``block_table[t // block_size]`` at offset ``t % block_size``.
     Seen as one long row of slots, that is slot ``block * block_size + offset`` of the
     pool: where the engine writes the token's key and value in every layer.
     """
-    raise NotImplementedError("Exercise 12.4: The pool slots of tokens ``start .. start + count - 1`` of one sequence")
+    raise NotImplementedError("Exercise 12.4: Warm-up: the pool slots of tokens ``start .. start + count - 1``")
 
 
 def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor,
                     block_table: list[int], length: int) -> torch.Tensor:
-    """Exercise 12.5: One decode query's attention, reading keys and values through the block table.
+    """Exercise 12.5: Lab: paged decode attention, block by block, with no gathered copy.
 
-    ``q`` [heads, head_dim] is the query of a sequence's newest token; the pools are one
-    layer's [num_blocks, block_size, kv_heads, head_dim]; the sequence's first ``length``
-    tokens (the newest included) live in the blocks ``block_table`` lists, in order, the
-    last one possibly part full. Return [heads, head_dim]: softmax(q·kᵀ / √head_dim)·v
-    over those ``length`` tokens (Vaswani et al. 2017, Eq. 1), query head ``h`` reading KV
-    head ``h // (heads // kv_heads)`` (grouped-query attention, chapter 4).
+    What the engine calls (``LLM(model, decode_attention=paged_attention)``): in every
+    layer of every decode step, once per sequence, with
+
+    * ``q`` [heads, head_dim]: the query of the sequence's newest token (fp32, or float64
+      in the tests);
+    * ``key_pool``, ``value_pool`` [num_blocks, block_size, kv_heads, head_dim]: one
+      layer's pool, in any float dtype (fp32, bf16, fp16, float64), shared by every
+      sequence; read them, never write them;
+    * ``block_table``: the sequence's blocks in order. Token t lives in block
+      ``block_table[t // block_size]`` at offset ``t % block_size``. The engine pads
+      tables, so the list may name more blocks than the sequence fills;
+    * ``length`` >= 1: the sequence's tokens 0 .. length - 1 (the newest included) are
+      the context. Slots past ``length`` (the end of a part-full last block, the padding
+      blocks) hold anything, NaN included.
+
+    Returns [heads, head_dim] in q's dtype: softmax(q·kᵀ / √head_dim)·v over the
+    ``length`` tokens (Vaswani et al. 2017, Eq. 1), computed in q's dtype, with query head
+    ``h`` reading KV head ``h // (heads // kv_heads)`` (grouped-query attention, chapter 4).
+
+    Invariants the tests check, on random cases against a float64 reference:
+
+    * the answer stays exact when every score is in the thousands (where exp overflows);
+    * **no gathered copy**: no tensor computed from the pools holds more than one
+      block's keys or values for every query head (block_size × heads × head_dim
+      elements), whatever ``length`` is: neither a gathered [length, ...] copy of the
+      context nor a row of all ``length`` scores per head. Views of the pools (indexing
+      one block, reshaping) are not copies.
+
+    Hints: the online softmax of chapter 05 (exercise 05.1, notebook 05 section 2;
+    FlashAttention, Dao et al. 2022, Algorithm 1); PagedAttention (Kwon et al. 2023)
+    §4.1; notebook 12 section 7 (the recurrence, and the engine run).
     """
-    raise NotImplementedError("Exercise 12.5: One decode query's attention, reading keys and values through the block table")
+    raise NotImplementedError("Exercise 12.5: Lab: paged decode attention, block by block, with no gathered copy")

@@ -9,11 +9,14 @@ it. Two kinds:
 * :func:`varied_random_model`: a minillm model whose weights are large enough that its
   greedy tokens vary (a default initialisation predicts nearly the same token everywhere,
   which would let a wrong cache or scheduler pass an equality test).
+
+And :func:`watch_copies`, which lets a test see every copy a function makes of its inputs.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .checkpoint import load_model, resolve_checkpoint, save_model
 from .config import ModelConfig
@@ -67,3 +70,26 @@ def saved_varied_model(directory, **overrides) -> str:
     save_model(varied_random_model(ModelConfig(**{**TINY, **overrides})), directory)
     copy_tokenizer_files(resolve_checkpoint("smollm2"), directory)
     return str(directory)
+
+
+def watch_copies(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+    """The tensors, wrapped so that every operation on them (or on anything computed from
+    them) notes in the returned list the size, in elements, of each result that has memory
+    of its own. A view (an index of one block, a reshape) shares their memory and is not
+    noted; a gathered copy, or anything computed from one, is. The tests of kernels that
+    must not materialise a large intermediate (a gathered KV cache, a full score matrix)
+    bound the largest size noted."""
+    copies: list[int] = []
+    watched_memory = {t.untyped_storage().data_ptr() for t in tensors}
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            out = super().__torch_function__(func, types, args, kwargs or {})
+            with torch._C.DisableTorchFunctionSubclass():  # look without being watched
+                copies.extend(t.numel() for t in tree_leaves(out)
+                              if isinstance(t, torch.Tensor)
+                              and t.untyped_storage().data_ptr() not in watched_memory)
+            return out
+
+    return [t.as_subclass(Watched) for t in tensors], copies

@@ -73,3 +73,20 @@ def test_triton_paged_decode_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="block_size must be a power of two"):
         paged_decode_attention(torch.zeros(1, 4, 16), pool, pool,
                                torch.zeros(1, 1, dtype=torch.long), torch.tensor([3]))
+
+
+def test_watch_copies_notes_a_gather_and_not_a_view():
+    """minillm.testing.watch_copies, which the chapter 12 lab's tests use to prove that no
+    gathered copy is made: a view of one block is not noted, a gather of three blocks is,
+    and so is whatever is computed from a watched tensor."""
+    from minillm.testing import watch_copies
+
+    pool = torch.randn(8, 4, 2, 3)
+    (watched,), copies = watch_copies(pool)
+    block = watched[5, :2]  # a view: shares the pool's memory
+    flat = watched.flatten(0, 1)  # a view of the whole pool
+    assert copies == [] and torch.equal(block.as_subclass(torch.Tensor), pool[5, :2])
+    assert flat.shape == (32, 2, 3) and copies == []
+    watched[[1, 6, 2]]  # a gather: 3 blocks of 4 x 2 x 3
+    (block * 2).sum()
+    assert copies == [72, 12, 1]
