@@ -127,10 +127,11 @@ def test_your_block_writes_the_library_tokens(smollm2, tokenizer):
     prompts = [tokenizer.chat_prompt("Name three colours."),
                tokenizer.chat_prompt("What is 12 times 12?")]
     params = SamplingParams(max_tokens=10, temperature=0)
-    expected = LLM(library, tokenizer=tokenizer, executor="eager", num_blocks=32)
-    got = LLM(yours, tokenizer=tokenizer, executor="eager", num_blocks=32)
-    for output, reference_output in zip(got.generate(prompts, params, progress=False),
-                                        expected.generate(prompts, params, progress=False),
-                                        strict=True):
+    got = LLM(yours, tokenizer=tokenizer, executor="eager", num_blocks=32).generate(
+        prompts, params, progress=False)
+    for output in got:
         assert output.error is None, output.error
+    expected = LLM(library, tokenizer=tokenizer, executor="eager", num_blocks=32).generate(
+        prompts, params, progress=False)
+    for output, reference_output in zip(got, expected, strict=True):
         assert output.tokens == reference_output.tokens, (output.text, reference_output.text)
