@@ -3,7 +3,8 @@
 A timing means little without the machine's name, and nothing if another process shared
 the cores while it ran: :func:`describe` names the CPU and its cores for a notebook's last
 line or a benchmark's header, and :func:`quiet_problem` says why a run should not be
-recorded (other work is using the cores).
+recorded (other work is using the cores). :func:`vector_extensions` says which vector
+instructions a CPU kernel can use here (the int8 dot products of chapter 17, for one).
 """
 
 from __future__ import annotations
@@ -22,6 +23,34 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's instruction-set flags (Linux's /proc/cpuinfo), or, elsewhere, the
+    platform's description of the processor."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            line = next(line for line in info if line.startswith("flags"))
+        return sorted(line.split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return [platform.machine(), platform.processor()]
+
+
+# The x86 vector extensions a CPU decode kernel chooses between (Linux's names for them).
+VECTOR_EXTENSIONS = {
+    "avx2": "256-bit integer vectors (8 int32 or 16 int16 lanes)",
+    "fma": "fused multiply-add on float vectors",
+    "avx512f": "512-bit vectors",
+    "avx512_vnni": "int8 dot products into int32, 64 byte pairs per instruction (vpdpbusd)",
+    "avx_vnni": "the same int8 dot products on 256-bit vectors (32 byte pairs)",
+    "amx_int8": "int8 tile matrix products (Sapphire Rapids and later)",
+}
+
+
+def vector_extensions() -> dict[str, bool]:
+    """Which of :data:`VECTOR_EXTENSIONS` this CPU has, e.g. ``{"avx2": True, ...}``."""
+    flags = set(cpu_flags())
+    return {name: name in flags for name in VECTOR_EXTENSIONS}
 
 
 def describe() -> str:

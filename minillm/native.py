@@ -38,7 +38,6 @@ import functools
 import hashlib
 import importlib.util
 import os
-import platform
 import shutil
 import sys
 import threading
@@ -48,6 +47,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .machine import cpu_flags
+
 SOURCES = Path(__file__).with_name("csrc")
 SOURCE_FILES = ["int8_linear.cpp", "w4a8_linear.cpp", "paged_attention.cpp",
                 "decode_layers.cpp"]
@@ -55,17 +56,6 @@ SOURCE_PATTERNS = ("*.cpp", "*.h")  # what a build reads: the files above and th
 # -ffp-contract=off: no fused multiply-adds, so x * (1 / s) + z rounds as it does in PyTorch.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 PROGRESS_EVERY_S = 1.0
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's instruction-set flags (Linux's /proc/cpuinfo), or, elsewhere, the
-    platform's description of the processor."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            line = next(line for line in info if line.startswith("flags"))
-        return sorted(line.split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        return [platform.machine(), platform.processor()]
 
 
 def compiler_flags() -> list[str]:

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from minillm.machine import busy_cores, describe
+from minillm.machine import VECTOR_EXTENSIONS, busy_cores, cpu_flags, describe, vector_extensions
 
 
 def test_a_spinning_process_shows_as_a_busy_core():
@@ -17,3 +17,9 @@ def test_a_spinning_process_shows_as_a_busy_core():
 
 def test_the_description_names_the_cores():
     assert describe().endswith(" cores")
+
+
+def test_vector_extensions_are_the_cpu_flags_of_interest():
+    found = vector_extensions()
+    assert set(found) == set(VECTOR_EXTENSIONS)
+    assert {name for name, present in found.items() if present} <= set(cpu_flags())
