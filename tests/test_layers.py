@@ -37,6 +37,7 @@ def test_every_module_of_the_library_is_in_a_layer():
     tops = {f"minillm.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
     tops |= {f"minillm.{p.name}" for p in package.iterdir()
              if (p / "__init__.py").exists()}
+    tops.discard("minillm.kernels")  # kernels/ beside minillm/ (a link to it in some checkouts)
     assert tops - placed == set()
     assert placed - tops == set()
 
