@@ -59,23 +59,28 @@ def determinize(nfa: NFA, start: int, end: int) -> CharAutomaton:
     ### BEGIN SOLUTION
     def pieces(moves) -> dict[frozenset[int], list[tuple[int, int]]]:
         """The labels' characters cut at every range boundary: per set of NFA targets, the
-        ranges of characters that lead to exactly those targets."""
-        points = sorted({p for label, _ in moves
-                         for lo, hi in label.ranges for p in (lo, hi + 1)})
+        ranges of characters that lead to exactly those targets. A sweep in code-point
+        order: at each boundary one move's label starts or stops reading."""
+        events = sorted((point, i) for i, (label, _) in enumerate(moves)
+                        for lo, hi in label.ranges for point in (lo, hi + 1))
+        reading: set[int] = set()  # the moves whose label holds the current characters
         by_targets: dict[frozenset[int], list[tuple[int, int]]] = {}
-        for lo, after in zip(points, points[1:], strict=False):
-            targets = frozenset(t for label, t in moves if label.contains(chr(lo)))
-            if targets:
-                by_targets.setdefault(targets, []).append((lo, after - 1))
+        for (point, i), (following, _) in zip(events, events[1:], strict=False):
+            reading ^= {i}
+            if reading and following > point:
+                targets = frozenset(moves[j][1] for j in reading)
+                by_targets.setdefault(targets, []).append((point, following - 1))
         return by_targets
 
     subsets = [nfa.closure([start])]
-    number = {subsets[0]: 0}
+    number, closed = {subsets[0]: 0}, {}
     moves_of: list[dict[int, list[tuple[int, int]]]] = []
     for subset in subsets:  # grows while new subsets turn up
         ranges: dict[int, list[tuple[int, int]]] = {}
         for targets, chars in pieces([m for s in subset for m in nfa.moves[s]]).items():
-            following = nfa.closure(targets)
+            if targets not in closed:  # the same targets come back from many subsets
+                closed[targets] = nfa.closure(targets)
+            following = closed[targets]
             if following not in number:
                 number[following] = len(subsets)
                 subsets.append(following)
