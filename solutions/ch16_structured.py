@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from minillm.structured.backend import AutomatonBackend
@@ -144,15 +145,15 @@ def token_index(automaton: CharAutomaton, texts: Sequence[str | None],
     mask is a few tensor gathers. Notebook section 4.
     """
     ### BEGIN SOLUTION
+    # Character classes: Unicode cut at every label boundary; cuts[k] stands for class k.
     cuts = sorted({0} | {p for moves in automaton.transitions for label, _ in moves
                          for lo, hi in label.ranges for p in (lo, hi + 1) if p <= MAX_CODE_POINT})
-    dead = automaton.num_states  # one extra state: dead, and it stays dead
+    dead, width = automaton.num_states, len(cuts)  # one extra state: dead, and it stays dead
     rows = [[dead if (nxt := automaton.step(q, chr(cut))) is None else nxt for cut in cuts]
             for q in range(automaton.num_states)]
-    table = torch.tensor(rows + [[dead] * len(cuts)])
-    stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long)
-    stopping = set(stop_tokens)
-    ids = sorted((i for i, text in enumerate(texts) if text and i not in stopping),
+    table = np.array(rows + [[dead] * width]).ravel()  # next state: table[q * width + class]
+    stops = sorted(set(stop_tokens))
+    ids = sorted((i for i, text in enumerate(texts) if text and i not in stops),
                  key=lambda i: -len(texts[i]))  # longest first
     columns: list[list[int]] = []  # columns[j]: code point j of each token longer than j
     for i in ids:
@@ -160,18 +161,17 @@ def token_index(automaton: CharAutomaton, texts: Sequence[str | None],
             if j == len(columns):
                 columns.append([])
             columns[j].append(ord(char))
-    cut_points = torch.tensor(cuts)
-    classes = [torch.searchsorted(cut_points, torch.tensor(c), right=True) - 1 for c in columns]
-    ids_tensor, size = torch.tensor(ids, dtype=torch.long), len(texts)
+    classes = [np.searchsorted(cuts, column, side="right") - 1 for column in columns]
+    ids_array, size = np.array(ids, dtype=np.int64), len(texts)
 
     def mask_of(state: int) -> torch.Tensor:
-        current = torch.full((len(ids),), state, dtype=torch.long)
+        current = np.full(len(ids), state)
         for column in classes:  # the tokens still walking are the first len(column)
-            current[:len(column)] = table[current[:len(column)], column]
-        mask = torch.zeros(size, dtype=torch.bool)
-        mask[ids_tensor] = current != dead
+            current[:len(column)] = table[current[:len(column)] * width + column]
+        mask = np.zeros(size, dtype=bool)
+        mask[ids_array] = current != dead
         mask[stops] = automaton.is_accepting(state)
-        return mask
+        return torch.from_numpy(mask)
 
     return mask_of
     ### END SOLUTION
