@@ -102,8 +102,9 @@ def test_200_seeded_constrained_outputs_are_all_valid(tiny):
     assert len({out.text for out in outputs}) > 60
 
 
-def allow_everything(automaton, state, texts) -> torch.Tensor:
-    return torch.ones(len(texts), dtype=torch.bool)
+def allow_everything(automaton, texts, stop_tokens):
+    """A token index whose every mask allows every token."""
+    return lambda state: torch.ones(len(texts), dtype=torch.bool)
 
 
 def test_a_constraint_that_allows_everything_changes_no_greedy_token(tiny):
@@ -111,7 +112,7 @@ def test_a_constraint_that_allows_everything_changes_no_greedy_token(tiny):
     params = SamplingParams(max_tokens=24)
     plain = engine(tiny).generate(PROMPTS, params, progress=False)
     masked = engine(tiny, structured_backend=partial(AutomatonBackend,
-                                                     mask_fn=allow_everything)
+                                                     index_fn=allow_everything)
                     ).generate(PROMPTS, replace(params, structured=Regex(r"[\s\S]*")),
                                progress=False)
     assert [o.tokens for o in masked] == [o.tokens for o in plain]

@@ -14,22 +14,25 @@ Two backends implement it:
   ``benchmarks/structured_backends.py``): regexes, JSON schemas, any JSON object, choices
   and EBNF grammars, on bytes, with masks precomputed for most of the vocabulary so a step
   costs microseconds;
-* :class:`AutomatonBackend`, the course's own (chapter 16): regexes and choices through
-  :mod:`.regex_automaton` and a token-mask function, by default :func:`.token_mask.token_mask`,
-  or the learner's (exercise 16.1) in the real engine.
+* :class:`AutomatonBackend`, the course's own (chapter 16): regexes and choices through a
+  regex compiler (:func:`.regex_automaton.compile_regex`) and a token index
+  (:func:`.token_index.token_index`), or the learner's (chapter 16's lab) in the real
+  engine.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from .regex_automaton import CharAutomaton, compile_regex, forced_text
 from .spec import Choice, Grammar, JsonObject, JsonSchema, Regex, StructuredOutput
-from .token_mask import TokenMaskFn, special_token_ids, token_mask, token_texts
+from .token_index import IndexFn, token_index
+from .token_mask import special_token_ids, token_texts
 
 MAX_ROLLBACK = 16  # tokens a matcher can take back: rejected speculative guesses, at most
 
@@ -158,23 +161,29 @@ class XGrammarMatcher:
 
 
 class AutomatonBackend:
-    """The course's backend: a regex (or a choice, as a regex) becomes a
-    :class:`~.regex_automaton.CharAutomaton`, and ``mask_fn`` (default
-    :func:`.token_mask.token_mask`, exercise 16.1's function) gives each state's token
-    mask, computed once per state and kept."""
+    """The course's backend: ``compile_fn`` (default :func:`.regex_automaton.compile_regex`)
+    turns a regex (or a choice, as a regex) into a :class:`~.regex_automaton.CharAutomaton`,
+    and ``index_fn`` (default :func:`.token_index.token_index`) indexes the vocabulary for
+    it once; each state's mask is then asked for when first needed, and kept.
+
+    ``index_fn(automaton, texts, stop_tokens)`` returns the function ``mask_of(state)`` ->
+    bool [vocab] (the stop tokens allowed exactly when ``state`` accepts). Chapter 16's lab
+    plugs the learner's compiler and index in here."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_tokens: list[int],
-                 mask_fn: TokenMaskFn = token_mask):
+                 compile_fn: Callable[[str], CharAutomaton] = compile_regex,
+                 index_fn: IndexFn = token_index):
         self.texts = token_texts(tokenizer, vocab_size)
         self.stop_tokens = list(stop_tokens)
-        self.mask_fn = mask_fn
+        self.compile_fn, self.index_fn = compile_fn, index_fn
 
     def compile(self, spec: StructuredOutput) -> CompiledAutomaton:
         match spec:
             case Regex(pattern):
-                return CompiledAutomaton(compile_regex(pattern), self)
+                return CompiledAutomaton(self.compile_fn(pattern), self)
             case Choice(options):
-                return CompiledAutomaton(compile_regex("|".join(map(re.escape, options))), self)
+                return CompiledAutomaton(self.compile_fn("|".join(map(re.escape, options))),
+                                         self)
         raise ValueError(f"the course's automaton backend takes a regex or a choice, not a "
                          f"{describe(spec)}; use the engine's default backend (xgrammar)")
 
@@ -183,18 +192,18 @@ class AutomatonBackend:
 
 
 class CompiledAutomaton:
-    """A regex's automaton and its token masks, one per state, made when first needed."""
+    """A regex's automaton, its token index, and its token masks, one per state, made when
+    first needed."""
 
     def __init__(self, automaton: CharAutomaton, backend: AutomatonBackend):
         self.automaton, self.backend = automaton, backend
+        self.mask_of = backend.index_fn(automaton, backend.texts, backend.stop_tokens)
         self.masks: dict[int, torch.Tensor] = {}
 
     def allowed(self, state: int) -> torch.Tensor:
         """bool [vocab]: the tokens allowed in ``state``, stop tokens when it accepts."""
         if state not in self.masks:
-            mask = self.backend.mask_fn(self.automaton, state, self.backend.texts).clone()
-            mask[self.backend.stop_tokens] = self.automaton.is_accepting(state)
-            self.masks[state] = mask
+            self.masks[state] = self.mask_of(state)
         return self.masks[state]
 
 

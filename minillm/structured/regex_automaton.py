@@ -139,9 +139,15 @@ def forced_text(automaton: CharAutomaton, state: int) -> str:
     return "".join(text)
 
 
-def compile_regex(pattern: str) -> CharAutomaton:
-    """The DFA of ``pattern`` (matching as ``re.fullmatch(pattern, text, re.ASCII)`` does)."""
+def thompson_nfa(pattern: str) -> tuple[NFA, int, int]:
+    """Steps 1 and 2: ``pattern``'s NFA and its (start, end) states; the text matches when
+    reading it can lead from ``start`` to ``end``."""
     nfa = NFA()
     start, end = nfa.build(Parser(pattern).parse())
-    dfa = prune(*determinize(nfa, start, end))
+    return nfa, start, end
+
+
+def compile_regex(pattern: str) -> CharAutomaton:
+    """The DFA of ``pattern`` (matching as ``re.fullmatch(pattern, text, re.ASCII)`` does)."""
+    dfa = prune(*determinize(*thompson_nfa(pattern)))
     return CharAutomaton(*prune(*minimize(*dfa)))  # pruning again numbers the merged states

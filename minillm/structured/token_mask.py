@@ -4,11 +4,12 @@ The model does not write characters, it writes tokens, and one token may carry s
 characters (SmolLM2's ``'":'`` or ``' Paris'``). A token is allowed in automaton state
 ``s`` when walking **all** its characters from ``s`` never leaves the automaton's live
 states: the regex can still be completed afterwards. So the mask of a state is one walk
-per vocabulary token; the engine caches it per state, because a state comes back again
-and again (every digit of a number is the same state).
+per vocabulary token: the readable definition, and the oracle of :mod:`.token_index`,
+which the engine uses because it gives the same masks without walking the strings again.
 
-Two tokens are special. A stop token ends the output, so it is allowed exactly when the
-state is accepting (the text so far matches the whole regex). Tokens that are not text on
+Two kinds of tokens are special. A stop token ends the output, so it is allowed exactly
+when the state is accepting (the text so far matches the whole regex): :mod:`.token_index`
+applies that rule, :func:`token_mask` looks at texts only. Tokens that are not text on
 their own (control tokens such as ``<|im_start|>``, and byte-level tokens holding part of
 one UTF-8 character) are never allowed here: a regex over characters cannot place half a
 character. (The production library works on bytes and handles them; see chapter 16.)
@@ -16,14 +17,11 @@ character. (The production library works on bytes and handles them; see chapter 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .regex_automaton import CharAutomaton
-
-# (automaton, state, token texts) -> bool [vocab]: exercise 16.1's signature
-TokenMaskFn = Callable[[CharAutomaton, int, Sequence[str | None]], torch.Tensor]
 
 
 def token_texts(tokenizer, vocab_size: int | None = None) -> list[str | None]:
