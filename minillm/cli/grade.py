@@ -23,7 +23,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> None:
     if args.check_honesty:
-        sys.exit(check_honesty(workers=args.workers))
+        sys.exit(check_honesty(args.chapter, args.workers))
     if args.check_mutants:
         sys.exit(check_mutants(args.chapter, args.workers, args.timeout or 20))
     results = run_graded_tests(args.chapter, args.impl, args.timeout or 60, args.workers)

@@ -89,10 +89,11 @@ def score_table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def check_honesty(workers: int | None = None) -> int:
-    """Every graded test must FAIL on the stubs and PASS on the solutions. Returns 0 if so."""
-    solutions = run_graded_tests(impl="solutions", workers=workers)
-    stubs = run_graded_tests(impl="exercises", workers=workers)
+def check_honesty(chapter: str | None = None, workers: int | None = None) -> int:
+    """Every graded test (of ``chapter``, or all) must FAIL on the stubs and PASS on the
+    solutions. Returns 0 if so."""
+    solutions = run_graded_tests(chapter, impl="solutions", workers=workers)
+    stubs = run_graded_tests(chapter, impl="exercises", workers=workers)
     bad_solutions = [r for r in solutions if r["outcome"] != "passed"]
     passing_stubs = [r for r in stubs if r["outcome"] == "passed"]
     print(f"graded tests: {len(solutions)}; pass on solutions: "
