@@ -29,6 +29,9 @@ same 49,152-token byte-level vocabulary, with the library's public calls an engi
 The recommendation is computed: the fastest median mask time among the libraries that
 have regex, JSON schema, grammar and rollback support. Timings are only honest on a
 quiet machine (:func:`minillm.machine.quiet_problem`); ``--busy-ok`` marks them.
+
+This file runs the benchmark and prints its tables; the libraries' common interface and
+the cases are in ``structured_libraries.py``, the measurements in ``structured_walks.py``.
 """
 
 from __future__ import annotations
@@ -36,403 +39,38 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from dataclasses import dataclass, field
-from functools import partial
+import sys
+from pathlib import Path
 
-import llguidance
-import llguidance.hf
-import llguidance.torch
-import numpy as np
-import outlines_core
-import outlines_core.kernels.torch
 import torch
-import xgrammar as xgr
 
-from minillm import Tokenizer
-from minillm.machine import describe, quiet_problem
-
-VOCAB = 49152
-NUM_SPECIAL = 17  # SmolLM2's ids 0..16 are special (<|endoftext|>, <|im_start|>, ...)
-LIBRARIES = ("xgrammar", "llguidance", "outlines-core")
-SHORT = {"xgrammar": "xgr", "llguidance": "llg", "outlines-core": "oc"}
-PAIRS = [("xgrammar", "llguidance"), ("xgrammar", "outlines-core"),
-         ("llguidance", "outlines-core")]
-
-FLAT = {"type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                       "city": {"enum": ["Paris", "Rome"]}},
-        "required": ["name", "age", "city"], "additionalProperties": False}
-AUTHOR = {"type": "object",
-          "properties": {"name": {"type": "string"}, "year": {"type": "integer"}},
-          "required": ["name", "year"], "additionalProperties": False}
-NESTED = {"type": "object",
-          "properties": {"title": {"type": "string"},
-                         "authors": {"type": "array", "items": AUTHOR},
-                         "tags": {"type": "array", "items": {"type": "string"},
-                                  "maxItems": 3}},
-          "required": ["title", "authors", "tags"], "additionalProperties": False}
-CHOICES = ("positive", "negative", "neutral", "mixed")
-
-
-@dataclass
-class Case:
-    key: str
-    name: str
-    kind: str  # "schema", "regex" or "object" (any JSON object)
-    spec: object
-    text: str  # a valid output, compact
-    compact: bool = False  # the aligned-whitespace variant of a JSON case
-
-
-CASES = [
-    Case("a", "flat object", "schema", FLAT, '{"name":"Ann","age":30,"city":"Paris"}'),
-    Case("b", "nested object", "schema", NESTED,
-         '{"title":"Attention Is All You Need","authors":[{"name":"Vaswani","year":2017},'
-         '{"name":"Shazeer","year":2017}],"tags":["nlp","transformers"]}'),
-    Case("c", "ISO date regex", "regex", r"\d{4}-\d{2}-\d{2}", "2024-05-17"),
-    Case("d", "choice of 4", "regex", "(" + "|".join(CHOICES) + ")", "neutral"),
-    Case("e", "any JSON object", "object", None,
-         '{"model":"smollm2","layers":30,"tied":true,"scores":[0.5,-1,null],'
-         '"meta":{"note":"a \\"quoted\\" word"}}'),
-]
-
-
-def gpt2_byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's bytes_to_unicode: the printable character each byte is
-    written as in a byte-level BPE vocabulary (``Ġ`` for a space) -> the byte."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in kept}
-    shifted = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + shifted)
-            shifted += 1
-    return {c: b for b, c in chars.items()}
-
-
-def outlines_vocabulary(hf, eos: int) -> outlines_core.Vocabulary:
-    """What ``outlines_core.Vocabulary.from_pretrained`` builds, offline: the BPE model's
-    tokens (``get_vocab(with_added_tokens=False)``) as raw bytes (313 of SmolLM2's are not
-    valid UTF-8 alone, so bytes keys, not strings), eos left out. Like from_pretrained it
-    keeps SmolLM2's special tokens, which are also in the model's vocabulary, as their
-    literal text (checked: equal to from_pretrained's vocabulary for this tokenizer)."""
-    decoder = gpt2_byte_decoder()
-    tokens: dict[bytes, list[int]] = {}
-    for token, token_id in hf.backend_tokenizer.get_vocab(with_added_tokens=False).items():
-        if token_id != eos:
-            tokens.setdefault(bytes(decoder[c] for c in token), []).append(token_id)
-    return outlines_core.Vocabulary(eos, tokens)
-
-
-def allowed(bitmask_row: torch.Tensor) -> np.ndarray:
-    """A [VOCAB] bool array from one row of an int32 bitmask (bit i of word j: id 32j+i)."""
-    return np.unpackbits(bitmask_row.numpy().view(np.uint8), bitorder="little")[:VOCAB] \
-        .astype(bool)
-
-
-def timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return time.perf_counter() - start, result
-
-
-class XGrammar:
-    name = "xgrammar"
-    prepare_call = "xgr.TokenizerInfo.from_huggingface"
-
-    def prepare(self, hf, stop, threads):
-        self.info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=VOCAB,
-                                                       stop_token_ids=stop)
-        self.threads = threads
-        self.cached = xgr.GrammarCompiler(self.info, max_threads=threads)
-
-    def compile(self, case, cache=False):
-        compiler = self.cached if cache else xgr.GrammarCompiler(
-            self.info, max_threads=self.threads, cache_enabled=False)
-        if case.kind == "regex":
-            return compiler.compile_regex(case.spec)
-        if case.kind == "object":
-            return compiler.compile_builtin_json_grammar()
-        if case.compact:
-            return compiler.compile_json_schema(json.dumps(case.spec), any_whitespace=False,
-                                                separators=(",", ":"))
-        return compiler.compile_json_schema(json.dumps(case.spec))
-
-    def matcher(self, compiled):
-        return xgr.GrammarMatcher(compiled)
-
-    def fill(self, matcher, bitmask):
-        matcher.fill_next_token_bitmask(bitmask, 0)
-
-    def accept(self, matcher, token):
-        return matcher.accept_token(token)
-
-    def rollback(self, matcher, n):
-        matcher.rollback(n)
-
-
-class LLGuidance:
-    name = "llguidance"
-    prepare_call = "llguidance.hf.from_tokenizer"
-
-    def prepare(self, hf, stop, threads):
-        self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=VOCAB, eos_token=stop)
-
-    def grammar(self, case):
-        if case.kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(case.spec)
-        schema = {"type": "object"} if case.kind == "object" else case.spec
-        overrides = {"whitespace_flexible": False} if case.compact else None
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=overrides)
-
-    def compile(self, case, cache=False):
-        """The grammar text, checked by building a matcher from it (that is the compile:
-        llguidance has no compiled-grammar object to share, each request builds one)."""
-        grammar = self.grammar(case)
-        if (matcher := llguidance.LLMatcher(self.tokenizer, grammar)).is_error():
-            raise ValueError(matcher.get_error())
-        return grammar
-
-    def matcher(self, compiled):
-        return llguidance.LLMatcher(self.tokenizer, compiled)
-
-    def fill(self, matcher, bitmask):
-        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
-
-    def accept(self, matcher, token):
-        return matcher.consume_token(token)
-
-    def rollback(self, matcher, n):
-        matcher.rollback(n)
-
-
-class OutlinesCore:
-    name = "outlines-core"
-    prepare_call = "outlines_core.Vocabulary(eos, {token bytes: [ids]})"
-
-    def prepare(self, hf, stop, threads):
-        self.vocabulary = outlines_vocabulary(hf, hf.eos_token_id)
-
-    def regex(self, case):
-        if case.kind == "regex":
-            return case.spec
-        schema = {"type": "object"} if case.kind == "object" else case.spec
-        whitespace = "" if case.compact else None
-        return outlines_core.json_schema.build_regex_from_schema(json.dumps(schema),
-                                                                 whitespace_pattern=whitespace)
-
-    def compile(self, case, cache=False):
-        return outlines_core.Index(self.regex(case), self.vocabulary)
-
-    def matcher(self, compiled):
-        return outlines_core.Guide(compiled)
-
-    def fill(self, matcher, bitmask):
-        outlines_core.kernels.torch.fill_next_token_bitmask(matcher, bitmask)
-
-    def accept(self, matcher, token):
-        try:
-            matcher.advance(token, return_tokens=False)
-            return True
-        except ValueError:
-            return False
-
-    def rollback(self, matcher, n):
-        matcher.rollback_state(n)
-
-
-@dataclass
-class Walk:
-    """One library on one case: compile times, mask times, the masks of the first walk."""
-
-    cold: float = float("nan")
-    fresh: float | None = None
-    cached: float | None = None
-    mask_us: list[float] = field(default_factory=list)
-    masks: list[np.ndarray] = field(default_factory=list)
-    rejected: int | None = None  # the step whose token the library refused, if any
-    stops_at_end: bool = False
-    rollback_ok: bool = True
-    error: str | None = None
-
-
-def walk(lib, case, tokens, walks, compiles) -> Walk:
-    out = Walk()
-    try:
-        out.cold, compiled = timed(lib.compile, case)
-    except Exception as error:  # noqa: BLE001 - a library that cannot express the case
-        out.error = f"{type(error).__name__}: {error}"[:200]
-        return out
-    if out.cold < 1.0 and compiles > 1:
-        out.fresh = statistics.median(timed(lib.compile, case)[0] for _ in range(compiles))
-    if isinstance(lib, XGrammar):
-        lib.compile(case, cache=True)
-        out.cached = timed(lib.compile, case, cache=True)[0]
-    bitmask = torch.zeros((1, (VOCAB + 31) // 32), dtype=torch.int32)
-    for attempt in range(walks):
-        matcher = lib.matcher(compiled)
-        for step in range(len(tokens) + 1):
-            start = time.perf_counter_ns()
-            lib.fill(matcher, bitmask)
-            out.mask_us.append((time.perf_counter_ns() - start) / 1000)
-            if attempt == 0:
-                out.masks.append(allowed(bitmask[0]))
-            if step == len(tokens):
-                out.stops_at_end = bool(out.masks[-1][2])
-                break
-            if not lib.accept(matcher, tokens[step]):
-                out.rejected = step
-                return out
-        if attempt == 0:  # rollback: step back and compare with the mask seen there
-            back = min(4, len(tokens))
-            lib.rollback(matcher, back)
-            lib.fill(matcher, bitmask)
-            out.rollback_ok = bool(np.array_equal(allowed(bitmask[0]),
-                                                  out.masks[len(tokens) - back]))
-    return out
-
-
-def comparable(mask: np.ndarray) -> np.ndarray:
-    """Ordinary tokens, plus eos (id 2) for "may stop here"; other special ids cleared."""
-    mask = mask.copy()
-    mask[:NUM_SPECIAL] = False
-    mask[2] = False
-    return mask
-
-
-def stop_allowed(mask: np.ndarray) -> bool:
-    return bool(mask[2])
-
-
-def special_leaks(masks: list[np.ndarray], stop: list[int]) -> tuple[int, set[int]]:
-    """Steps at which a special token is allowed as text, and which ids: a special id
-    that is not a stop id at any step, or a stop id before the output is complete (every
-    step but the last; none of the cases' valid outputs is complete earlier)."""
-    steps, ids = 0, set()
-    for step, mask in enumerate(masks):
-        early = step < len(masks) - 1
-        leaked = {i for i in np.nonzero(mask[:NUM_SPECIAL])[0].tolist()
-                  if early or i not in stop}
-        steps += bool(leaked)
-        ids |= leaked
-    return steps, ids
-
-
-def id_ranges(ids) -> str:
-    """``{0, 1, 3, 4, 5}`` -> ``"0-1, 3-5"``."""
-    ids, parts = sorted(ids), []
-    for i in ids:
-        if parts and parts[-1][1] == i - 1:
-            parts[-1][1] = i
-        else:
-            parts.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts) or "none"
-
-
-def describe_tokens(ids, hf, limit=3) -> str:
-    decoder = gpt2_byte_decoder()
-    shown = []
-    for token_id in ids[:limit]:
-        if token_id == -1:
-            shown.append("<stop>")
-            continue
-        raw = bytes(decoder[c] for c in hf.convert_ids_to_tokens(int(token_id)))
-        try:
-            shown.append(repr(raw.decode()))
-        except UnicodeDecodeError:
-            shown.append(repr(raw))
-    return ", ".join(shown) + (", ..." if len(ids) > limit else "")
-
-
-def agreement(case, walks: dict[str, Walk], hf) -> tuple[dict, list[str]]:
-    """Per pair of libraries: steps with equal sets and the largest symmetric difference;
-    and in words, per pair and direction, the distinct token ids one allows and the other
-    refuses over the whole walk (in order of first appearance)."""
-    if any(w.error or w.rejected is not None for w in walks.values()):
-        return {}, []
-    steps = min(len(w.masks) for w in walks.values())
-    sets = {lib: [np.append(comparable(m), stop_allowed(m)) for m in w.masks[:steps]]
-            for lib, w in walks.items()}
-    row, notes = {"steps": steps}, []
-    row["all"] = sum(all(np.array_equal(sets[LIBRARIES[0]][s], sets[lib][s])
-                         for lib in LIBRARIES[1:]) for s in range(steps))
-    biggest = 0
-    for a, b in PAIRS:
-        same = 0
-        only = {(a, b): {}, (b, a): {}}  # token id -> first step, dicts keep the order
-        at = {(a, b): [], (b, a): []}  # the steps with a difference in that direction
-        for s in range(steps):
-            diff = 0
-            for x, y in only:
-                ids = np.nonzero(sets[x][s] & ~sets[y][s])[0]
-                diff += len(ids)
-                at[x, y] += [s] if len(ids) else []
-                for token_id in ids.tolist():
-                    only[x, y].setdefault(-1 if token_id == VOCAB else token_id, s)
-            same += diff == 0
-            biggest = max(biggest, diff)
-        row[f"{SHORT[a]}={SHORT[b]}"] = same
-        for (x, y), first in only.items():
-            if first:
-                notes.append(f"({case.key}) {SHORT[x]} not {SHORT[y]}: {len(first)} ids at "
-                             f"{len(at[x, y])} steps from {at[x, y][0]}: "
-                             f"{describe_tokens(list(first), hf)}")
-    row["max_diff"] = biggest
-    return row, notes
-
-
-def apply_times(repeats: int) -> dict:
-    """Microseconds to apply a random bitmask to float32 logits, median of ``repeats``;
-    llguidance's kernel is torch.compile'd, its first call (the compile) is reported."""
-    result = {}
-    for batch in (1, 16):
-        logits = torch.randn(batch, VOCAB)
-        bitmask = torch.randint(-2**31, 2**31 - 1, (batch, (VOCAB + 31) // 32),
-                                dtype=torch.int32)
-        calls = {"xgrammar": partial(xgr.apply_token_bitmask_inplace, logits, bitmask),
-                 "llguidance": partial(llguidance.torch.apply_token_bitmask_inplace,
-                                       logits, bitmask)}
-        for lib, call in calls.items():
-            try:
-                first, _ = timed(call)
-                times = [timed(call)[0] * 1e6 for _ in range(repeats)]
-                result[f"{lib} [{batch}]"] = {"first_s": first,
-                                              "median_us": statistics.median(times)}
-            except Exception as error:  # noqa: BLE001 - e.g. no C compiler for inductor
-                result[f"{lib} [{batch}]"] = {"error": str(error)[:200]}
-    return result
-
-
-FEATURES = {  # feature -> library -> the API that provides it (None: no such API)
-    "regex": {"xgrammar": (xgr.GrammarCompiler, "compile_regex"),
-              "llguidance": (llguidance.LLMatcher, "grammar_from_regex"),
-              "outlines-core": (outlines_core, "Index")},
-    "JSON schema": {"xgrammar": (xgr.GrammarCompiler, "compile_json_schema"),
-                    "llguidance": (llguidance.LLMatcher, "grammar_from_json_schema"),
-                    "outlines-core": (outlines_core.json_schema, "build_regex_from_schema")},
-    "EBNF grammar": {"xgrammar": (xgr.GrammarCompiler, "compile_grammar"),
-                     "llguidance": (llguidance.LLMatcher, "grammar_from_lark"),
-                     "outlines-core": None},
-    "jump-forward": {"xgrammar": (xgr.GrammarMatcher, "find_jump_forward_string"),
-                     "llguidance": (llguidance.LLMatcher, "compute_ff_bytes"),
-                     "outlines-core": None},
-    "rollback": {"xgrammar": (xgr.GrammarMatcher, "rollback"),
-                 "llguidance": (llguidance.LLMatcher, "rollback"),
-                 "outlines-core": (outlines_core.Guide, "rollback_state")},
-}
-
-
-def features(walks) -> dict[str, dict[str, bool]]:
-    table = {}
-    for feature, apis in FEATURES.items():
-        table[feature] = {lib: api is not None and hasattr(*api) for lib, api in apis.items()}
-    for lib in LIBRARIES:  # rollback must also have given back the earlier masks
-        checked = [w.rollback_ok for (name, _), w in walks.items() if name == lib and
-                   not w.error and w.rejected is None]
-        table["rollback"][lib] = table["rollback"][lib] and all(checked)
-    return table
+if not __package__:  # run as a script: make the helpers beside it importable as benchmarks.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.structured_libraries import (  # noqa: E402
+    CASES,
+    LIBRARIES,
+    VOCAB,
+    Case,
+    LLGuidance,
+    OutlinesCore,
+    XGrammar,
+    features,
+    timed,
+)
+from benchmarks.structured_walks import (  # noqa: E402
+    SHORT,
+    Walk,
+    agreement,
+    apply_times,
+    id_ranges,
+    special_leaks,
+    walk,
+)
+from minillm import Tokenizer  # noqa: E402
+from minillm.machine import describe, quiet_problem  # noqa: E402
+
+__all__ = ["Case", "LLGuidance", "OutlinesCore", "XGrammar", "main", "walk"]  # notebook 16
 
 
 def ms(seconds) -> str:

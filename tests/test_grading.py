@@ -10,7 +10,7 @@ import pytest
 from minillm.grading import load_impl
 from minillm.grading.exercises import make_exercise
 from minillm.grading.grade import mutant_summary, run_graded_tests, run_mutants, score_table
-from minillm.grading.mutants import find_mutants
+from minillm.grading.mutants import find_mutants, graded_module, mutant_function
 
 SOLUTION = textwrap.dedent('''
     import math
@@ -199,4 +199,26 @@ def test_mutants_must_name_an_exercise_function_and_their_mistake(tmp_path):
         find_mutants("ch09_sparsity", tmp_path)
     (tmp_path / "ch09_sparsity.py").write_text("def mask_2_4__no_docstring(w):\n    return w\n")
     with pytest.raises(ValueError, match="docstring"):
+        find_mutants("ch09_sparsity", tmp_path)
+
+
+def test_a_module_s_tests_and_mutants_may_be_split_into_parts(tmp_path):
+    """``test_<module>__<part>.py`` grades solutions/<module>.py, and the mutants of
+    ``mutants/<module>__<part>.py`` are the module's too, after those of <module>.py."""
+    assert graded_module("tests/grading/test_ch09_sparsity.py") == "ch09_sparsity"
+    assert graded_module("tests/grading/test_ch14_parallel__pipeline.py") == "ch14_parallel"
+    (tmp_path / "ch09_sparsity.py").write_text(
+        'def mask_2_4__first(w):\n    """First."""\n    return w\n')
+    (tmp_path / "ch09_sparsity__more.py").write_text(
+        'def _helper():\n    return 2\n\n\n'
+        'def magnitude_mask__second(w, s):\n    """Second."""\n    return _helper()\n')
+    (tmp_path / "ch09_sparsity_other.py").write_text("def not__a_part(w):\n    return w\n")
+    mutants = find_mutants("ch09_sparsity", tmp_path)
+    assert [(m.name, m.exercise, m.path.name) for m in mutants] == [
+        ("mask_2_4__first", "09.2", "ch09_sparsity.py"),
+        ("magnitude_mask__second", "09.1", "ch09_sparsity__more.py")]
+    assert mutant_function(mutants[1])(None, 0.5) == 2, "imported from its own file"
+    (tmp_path / "ch09_sparsity__again.py").write_text(
+        'def mask_2_4__first(w):\n    """Again."""\n    return w\n')
+    with pytest.raises(ValueError, match="also in"):
         find_mutants("ch09_sparsity", tmp_path)

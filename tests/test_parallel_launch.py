@@ -64,7 +64,12 @@ def test_an_unguarded_script_starts_the_engine_with_plain_python(tmp_path, check
     in every worker; ``python -m minillm.engine.worker`` does not."""
     script = tmp_path / "tp.py"
     script.write_text(ENGINE_SCRIPT.format(prompts=PROMPTS))
-    assert tokens_printed(run([sys.executable, str(script), checkpoint], tmp_path)) == one_process
+    done = subprocess.run([sys.executable, str(script), checkpoint], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert tokens_printed(done.stdout) == one_process
+    # the package does not import the worker's module, so runpy runs it without warning
+    assert "found in sys.modules" not in done.stderr, done.stderr[-3000:]
 
 
 def test_under_torchrun_on_one_machine(tmp_path, checkpoint, one_process):

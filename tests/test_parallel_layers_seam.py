@@ -13,7 +13,7 @@ import torch
 
 from minillm.config import ModelConfig
 from minillm.engine.config import EngineConfig
-from minillm.engine.worker import layers_spec, parallel_layers
+from minillm.engine.ranks import layers_spec, parallel_layers
 from minillm.grading import load_impl
 from minillm.parallel import COLLECTIVES, tensor_parallel
 from minillm.parallel.counting import CollectiveCounter

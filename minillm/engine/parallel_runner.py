@@ -28,7 +28,7 @@ or leaving a ``with LLM(...)`` block) sends the workers ``None`` and they exit.
 
 **Start-up** has a budget of its own: 2 minutes for every rank to join
 (``STARTUP_TIMEOUT``, :mod:`minillm.parallel.launch`) and 10 to load its shard
-(``LOAD_TIMEOUT``, :mod:`.worker`), so a busy machine that starts its ranks slowly is not
+(``LOAD_TIMEOUT``, :mod:`.ranks`), so a busy machine that starts its ranks slowly is not
 mistaken for a lost one.
 
 **Faults.** Once started, every collective of the group times out after
@@ -67,9 +67,7 @@ from ..parallel.tensor import ParallelLayers, ShardWeight, check_split
 from .errors import EngineDeadError
 from .executors import Executor
 from .executors.batch import FlatBatch
-from .runner import ModelRunner, SlotMapping
-from .sampler import Sampler
-from .worker import (
+from .ranks import (
     HEARTBEAT,
     LOAD_TIMEOUT,
     importable_name,
@@ -78,6 +76,8 @@ from .worker import (
     serve_rank,
     wait_for_every_rank,
 )
+from .runner import ModelRunner, SlotMapping
+from .sampler import Sampler
 
 
 class TensorParallelRunner(ModelRunner):

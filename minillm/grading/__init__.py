@@ -3,7 +3,8 @@
 * ``solutions/chNN_topic.py`` hold reference code; each exercise is a function whose
   docstring starts with ``Exercise NN.k: what to implement`` and whose body holds a
   ``### BEGIN SOLUTION`` / ``### END SOLUTION`` block (:mod:`.exercises` turns it into a stub).
-* ``tests/grading/test_chNN_*.py`` are written once and import the code under test with
+* ``tests/grading/test_chNN_*.py`` (a long one split into ``test_chNN_topic__part.py``
+  files) are written once and import the code under test with
   :func:`load_impl`, which reads ``MINILLM_IMPL``: ``exercises`` (the default, your code),
   ``solutions``, or ``mutant:chNN_topic:name``, the solutions with one function replaced
   by a plausible wrong answer from ``tests/grading/mutants/`` (:mod:`.mutants`).

@@ -17,7 +17,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .mutants import MUTANTS_DIR, find_mutants, solution_exercises
+from .mutants import MUTANTS_DIR, find_mutants, graded_module, solution_exercises
 from .repository import REPO_ROOT, check_impl
 
 
@@ -116,8 +116,8 @@ def run_mutants(chapter: str | None = None, workers: int | None = None, timeout:
     their mutants in turn (:mod:`.mutant_plugin`): torch is imported once per worker.
     """
     files = graded_files(chapter, root)
-    mutants = [m for test_file in files
-               for m in find_mutants(test_file.stem.removeprefix("test_"), mutants_dir, root)]
+    modules = dict.fromkeys(graded_module(test_file) for test_file in files)  # parts: once
+    mutants = [m for module in modules for m in find_mutants(module, mutants_dir, root)]
     options = ["-p", "minillm.grading.mutant_plugin", f"--mutants-dir={mutants_dir}"]
     workers = workers or 1
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from . import load_impl
-from .mutants import MUTANTS_DIR, find_mutants, mutant_function
+from .mutants import MUTANTS_DIR, find_mutants, graded_module, mutant_function
 
 _results: dict[str, dict] = {}  # "module.name" -> {"tests": n, "killed_by": str | None}
 
@@ -32,7 +32,7 @@ def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("exercise")
     if marker is None:
         return
-    module = Path(metafunc.module.__file__).stem.removeprefix("test_")  # -> ch09_sparsity
+    module = graded_module(metafunc.module.__file__)  # -> ch09_sparsity
     mutants = [m for m in find_mutants(module, Path(metafunc.config.getoption("mutants_dir")))
                if m.exercise == marker.args[0]]
     if mutants:

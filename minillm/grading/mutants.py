@@ -15,6 +15,11 @@ the mistake::
 --impl mutant:...``) grades the solutions with that one function replaced, and
 ``minillm grade --check-mutants`` proves that every mutant loses points.
 Mutant files are read with :mod:`ast` to list them; they are imported only to run one.
+
+A chapter whose tests or mutants would make one file too long splits them into parts
+named ``<module>__<part>.py``: ``tests/grading/test_ch14_parallel__pipeline.py`` grades
+``solutions/ch14_parallel.py`` (:func:`graded_module`), and the mutants of a module are
+those of ``mutants/<module>.py`` and of every ``mutants/<module>__<part>.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,20 @@ from .repository import REPO_ROOT
 MUTANTS_DIR = REPO_ROOT / "tests" / "grading" / "mutants"
 
 
+def graded_module(test_file: Path | str) -> str:
+    """The solutions module a graded test file grades: ``test_ch09_sparsity.py`` and
+    ``test_ch14_parallel__pipeline.py`` (a part) -> ``ch09_sparsity``, ``ch14_parallel``."""
+    return Path(test_file).stem.removeprefix("test_").split("__")[0]
+
+
+def mutant_files(module: str, mutants_dir: Path = MUTANTS_DIR) -> list[Path]:
+    """``mutants/<module>.py``, then its parts ``mutants/<module>__<part>.py``, those that
+    exist."""
+    mutants_dir = Path(mutants_dir)
+    return [path for path in [mutants_dir / f"{module}.py",
+                              *sorted(mutants_dir.glob(f"{module}__*.py"))] if path.exists()]
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One wrong answer: ``name`` replaces the function ``function`` of solutions/``module``."""
@@ -41,7 +60,7 @@ class Mutant:
     name: str  # "magnitude_mask__threshold"
     exercise: str  # "09.1", the exercise of the replaced function
     mistake: str  # the first line of the mutant's docstring
-    mutants_dir: Path = MUTANTS_DIR
+    path: Path  # the file it is written in, mutants/<module>.py or one of its parts
 
     @property
     def function(self) -> str:
@@ -68,35 +87,40 @@ def solution_exercises(module: str, root: Path = REPO_ROOT) -> dict[str, str]:
 
 def find_mutants(module: str, mutants_dir: Path = MUTANTS_DIR,
                  root: Path = REPO_ROOT) -> list[Mutant]:
-    """The mutants of solutions/<module>.py in file order (none if there is no mutant file).
+    """The mutants of solutions/<module>.py in file order, its parts after it (none if there
+    is no mutant file).
 
-    Raises ValueError for a mutant that names no exercise function or has no docstring.
+    Raises ValueError for a mutant that names no exercise function, has no docstring, or
+    has the name of another mutant of the module.
     """
-    path = Path(mutants_dir) / f"{module}.py"
-    if not path.exists():
+    paths = mutant_files(module, mutants_dir)
+    if not paths:
         return []
     exercises = solution_exercises(module, root)
-    mutants = []
-    for node in ast.parse(path.read_text()).body:
-        if not isinstance(node, ast.FunctionDef | ast.ClassDef) or \
-                "__" not in node.name.strip("_"):
-            continue  # a helper, not a mutant
-        function, doc = node.name.split("__")[0], ast.get_docstring(node)
-        if function not in exercises:
-            raise ValueError(f"{path}: {node.name} replaces {function}(), which is not an "
-                             f"exercise of solutions/{module}.py")
-        if not doc:
-            raise ValueError(f"{path}: {node.name} needs a docstring naming its mistake")
-        mutants.append(Mutant(module, node.name, exercises[function], doc.splitlines()[0],
-                              Path(mutants_dir)))
-    return mutants
+    mutants: dict[str, Mutant] = {}
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or \
+                    "__" not in node.name.strip("_"):
+                continue  # a helper, not a mutant
+            function, doc = node.name.split("__")[0], ast.get_docstring(node)
+            if function not in exercises:
+                raise ValueError(f"{path}: {node.name} replaces {function}(), which is not "
+                                 f"an exercise of solutions/{module}.py")
+            if not doc:
+                raise ValueError(f"{path}: {node.name} needs a docstring naming its mistake")
+            if node.name in mutants:
+                raise ValueError(f"{path}: {node.name} is also in {mutants[node.name].path}")
+            mutants[node.name] = Mutant(module, node.name, exercises[function],
+                                        doc.splitlines()[0], path)
+    return list(mutants.values())
 
 
 def find_mutant(module: str, name: str) -> Mutant:
     for mutant in find_mutants(module):
         if mutant.name == name:
             return mutant
-    raise ValueError(f"no mutant {name!r} in {MUTANTS_DIR / module}.py")
+    raise ValueError(f"no mutant {name!r} in {MUTANTS_DIR / module}.py or its parts")
 
 
 @functools.cache
@@ -112,8 +136,7 @@ def _import_file(path: Path, module_name: str) -> ModuleType:
 
 def mutant_function(mutant: Mutant):
     """The mutant itself, imported from its file."""
-    module = _import_file(mutant.mutants_dir / f"{mutant.module}.py",
-                          f"minillm_mutants.{mutant.module}")
+    module = _import_file(mutant.path, f"minillm_mutants.{mutant.path.stem}")
     return getattr(module, mutant.name)
 
 
