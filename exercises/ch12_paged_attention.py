@@ -52,6 +52,10 @@ def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.T
       nor a row of all ``length`` scores per query. Views of the pools (indexing one block,
       reshaping) are not copies; the answer itself may be one tensor.
 
+    Raises ValueError, before computing anything, when ``query_lens`` do not sum to q's rows,
+    a sequence has no query or more queries than tokens, or its table is too short for its
+    length.
+
     Hints: the online softmax of chapter 05 (exercise 05.1, notebook 05 section 2;
     FlashAttention-2, Dao 2023, §3.1, for the causal mask: only blocks that overlap the
     queries' positions need it); PagedAttention (Kwon et al. 2023) §4.1; notebook 12
