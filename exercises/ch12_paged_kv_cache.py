@@ -2,15 +2,13 @@
 # Fill in the parts that raise NotImplementedError; do not edit the rest.
 """Chapter 12: the paged KV cache. Warm-ups: reference-counted blocks, copy-on-write, prefix
 caching by hash chain, the slot mapping that tells attention where every key and value lives.
-The lab: decode attention that reads keys and values through the block table, block by block,
-with the online softmax of chapter 05 and no gathered copy of the context."""
+The lab, attention that reads keys and values through the block tables with no gathered copy,
+is ``ch12_paged_attention.py``."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-
-import torch
 
 from minillm.engine.block_manager import OutOfBlocks, chain_hash
 
@@ -99,41 +97,3 @@ def slot_mapping(block_table: list[int], start: int, count: int, block_size: int
     """
     raise NotImplementedError("Exercise 12.4: Warm-up: the pool slots of tokens ``start .. start + count - 1``")
 
-
-def paged_attention(q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor,
-                    block_table: list[int], length: int) -> torch.Tensor:
-    """Exercise 12.5: Lab: paged decode attention, block by block, with no gathered copy.
-
-    What the engine calls (``LLM(model, decode_attention=paged_attention)``): in every
-    layer of every decode step, once per sequence, with
-
-    * ``q`` [heads, head_dim]: the query of the sequence's newest token (fp32, or float64
-      in the tests);
-    * ``key_pool``, ``value_pool`` [num_blocks, block_size, kv_heads, head_dim]: one
-      layer's pool, in any float dtype (fp32, bf16, fp16, float64), shared by every
-      sequence; read them, never write them;
-    * ``block_table``: the sequence's blocks in order. Token t lives in block
-      ``block_table[t // block_size]`` at offset ``t % block_size``. The engine pads
-      tables, so the list may name more blocks than the sequence fills;
-    * ``length`` >= 1: the sequence's tokens 0 .. length - 1 (the newest included) are
-      the context. Slots past ``length`` (the end of a part-full last block, the padding
-      blocks) hold anything, NaN included.
-
-    Returns [heads, head_dim] in q's dtype: softmax(q·kᵀ / √head_dim)·v over the
-    ``length`` tokens (Vaswani et al. 2017, Eq. 1), computed in q's dtype, with query head
-    ``h`` reading KV head ``h // (heads // kv_heads)`` (grouped-query attention, chapter 4).
-
-    Invariants the tests check, on random cases against a float64 reference:
-
-    * the answer stays exact when every score is in the thousands (where exp overflows);
-    * **no gathered copy**: no tensor computed from the pools holds more than one
-      block's keys or values for every query head (block_size × heads × head_dim
-      elements), whatever ``length`` is: neither a gathered [length, ...] copy of the
-      context nor a row of all ``length`` scores per head. Views of the pools (indexing
-      one block, reshaping) are not copies.
-
-    Hints: the online softmax of chapter 05 (exercise 05.1, notebook 05 section 2;
-    FlashAttention, Dao et al. 2022, Algorithm 1); PagedAttention (Kwon et al. 2023)
-    §4.1; notebook 12 section 7 (the recurrence, and the engine run).
-    """
-    raise NotImplementedError("Exercise 12.5: Lab: paged decode attention, block by block, with no gathered copy")

@@ -22,6 +22,7 @@ from minillm.serve import LLM, SchedulerConfig
 from minillm.testing import tiny_pair
 
 ch12 = load_impl("ch12_paged_kv_cache", "solutions")
+lab12 = load_impl("ch12_paged_attention", "solutions")
 ch13 = load_impl("ch13_batching", "solutions")
 SYSTEM = list(range(100, 124))  # six full blocks of 4, shared by every prompt
 PROMPTS = [SYSTEM + [5, 17, 99], SYSTEM + [1, 2], list(range(30, 60)), SYSTEM + [9] * 6]
@@ -71,31 +72,57 @@ def test_a_wrong_slot_mapping_changes_the_tokens(tiny):
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] != alone(tiny)
 
 
-def test_the_solution_paged_attention_computes_every_decode(tiny):
+def test_the_solution_paged_attention_computes_every_step(tiny):
     calls = []
 
-    def counted(q, key_pool, value_pool, block_table, length):
-        calls.append(length)
-        return ch12.paged_attention(q, key_pool, value_pool, block_table, length)
+    def counted(q, key_pool, value_pool, block_tables, query_lens, context_lens):
+        calls.append(list(zip(query_lens, context_lens, strict=True)))
+        return lab12.paged_attention(q, key_pool, value_pool, block_tables, query_lens,
+                                     context_lens)
 
     reports = []
     llm = LLM(tiny, block_size=4, num_blocks=64, decode_attention=counted,
-              on_step=reports.append, scheduler=SchedulerConfig(max_batch=4))
+              on_step=reports.append,
+              scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16))
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
-    decodes = len(PROMPTS) * (PARAMS.max_tokens - 1)  # the first token comes from a prefill
-    assert len(calls) == decodes * tiny.config.num_layers
+    layers = tiny.config.num_layers
+    assert len(calls) == layers * sum(1 for report in reports if report.work)  # one per layer
+    decodes = sum(n == 1 for step in calls for n, _ in step) // layers
+    assert decodes == len(PROMPTS) * (PARAMS.max_tokens - 1)  # the first token: a prefill
+    assert any(1 < n < length for step in calls for n, length in step)  # a later prefill chunk
     assert llm.core.runner.executor_names == ["eager"]
     assert {report.executor for report in reports if report.work} == {"eager"}
 
 
+def test_the_solution_paged_attention_verifies_speculative_guesses(tiny):
+    seen = []
+
+    def counted(q, key_pool, value_pool, block_tables, query_lens, context_lens):
+        seen.extend(zip(query_lens, context_lens, strict=True))
+        return lab12.paged_attention(q, key_pool, value_pool, block_tables, query_lens,
+                                     context_lens)
+
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 7]  # repeats: the n-gram drafter guesses
+    params = SamplingParams(max_tokens=16)
+    library, yours = ([o.tokens for o in LLM(tiny, block_size=4, num_blocks=64,
+                                              prefix_caching=False, **seam, scheduler=(
+                                                  SchedulerConfig(max_batch=2,
+                                                                  speculative_tokens=3)))
+                       .generate(prompts, params, progress=False)]
+                      for seam in ({}, dict(decode_attention=counted)))
+    assert yours == library
+    assert any(1 < n < length for n, length in seen)  # a verification of guesses
+
+
 def test_a_wrong_paged_attention_changes_the_tokens_and_fast_executors_are_refused(tiny):
-    def oldest_token_only(q, key_pool, value_pool, block_table, length):
-        return ch12.paged_attention(q, key_pool, value_pool, block_table, 1)
+    def oldest_token_only(q, key_pool, value_pool, block_tables, query_lens, context_lens):
+        return lab12.paged_attention(q, key_pool, value_pool, block_tables, query_lens,
+                                     list(query_lens))
 
     llm = LLM(tiny, block_size=4, num_blocks=64, decode_attention=oldest_token_only)
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] != alone(tiny)
     with pytest.raises(ValueError, match="decode_attention= runs in eager steps"):
-        LLM(tiny, decode_attention=ch12.paged_attention, executor="compiled")
+        LLM(tiny, decode_attention=lab12.paged_attention, executor="compiled")
 
 
 def test_reserving_for_max_tokens_runs_fewer_requests_at_once_than_paging(tiny):

@@ -17,7 +17,8 @@ pool and the description together, as a :class:`PagedAttention`, and in every la
    attention backend (so ``set_attention_backend`` and the learner's attention work in the
    engine): the decodes together, in one call over their gathered blocks, each prefill
    chunk on its own, with a causal mask aligned to the end of its keys (the chunk's
-   queries are the sequence's last tokens).
+   queries are the sequence's last tokens). With ``decode_attention`` (the lab of chapter
+   12) one call of that function does this for every sequence, through the block tables.
 
 This is the readable path, the eager executor's. The fast decode executors read the same
 pool through the block tables without gathering (``minillm::paged_decode_attention`` and
@@ -37,10 +38,11 @@ import torch
 from ..attention.paged import gather_kv, write_kv
 from ..config import ModelConfig
 
-# (q [heads, head_dim], key_pool, value_pool, block_table, length) -> [heads, head_dim]:
-# one decode query's attention over its first ``length`` cached tokens (chapter 12).
-DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int], int],
-                           torch.Tensor]
+# (q [tokens, heads, head_dim], key_pool, value_pool, block_tables, query_lens, context_lens)
+# -> [tokens, heads, head_dim]: every sequence's last query_lens[s] tokens, causal, over its
+# first context_lens[s] cached tokens, read through its block table (chapter 12's lab).
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]],
+                            list[int], list[int]], torch.Tensor]
 
 
 @dataclass
@@ -72,8 +74,9 @@ class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  decode_attention: DecodeAttention | None = None):
-        """``decode_attention``: a function that computes each decode's attention by
-        reading the pool through its block table (the learner's, chapter 12), instead of
+        """``decode_attention``: a function that computes every sequence's attention (the
+        decodes, speculative verifications and prefill chunks of a step, in one call) by
+        reading the pool through the block tables (the learner's, chapter 12), instead of
         gathering the blocks for the attention backend."""
         self.decode_attention = decode_attention
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
@@ -119,13 +122,14 @@ class PagedAttention:
                  meta.slot_mapping)
         q = q[0].transpose(0, 1)  # [tokens, heads, head_dim]
         out = torch.empty_like(q)
+        if self.cache.decode_attention is not None:  # the learner's, for every sequence
+            out = self.cache.decode_attention(q, key_pool, value_pool,
+                                              meta.block_tables.tolist(),
+                                              list(meta.query_lens),
+                                              meta.context_lens.tolist())
+            return out.transpose(0, 1)[None]
         decodes = meta.num_decodes
-        if decodes and self.cache.decode_attention is not None:
-            tables, lengths = meta.block_tables.tolist(), meta.context_lens.tolist()
-            for s in range(decodes):
-                out[s] = self.cache.decode_attention(q[s], key_pool, value_pool, tables[s],
-                                                     lengths[s])
-        elif decodes:
+        if decodes:
             out[:decodes] = _attend_decodes(q[:decodes], key_pool, value_pool,
                                             meta.block_tables[:decodes],
                                             meta.context_lens[:decodes], backend)

@@ -61,7 +61,8 @@ class ModelRunner:
         sequence's tokens ``start .. start + count - 1``. ``executor``: auto, eager,
         compiled or native (:mod:`.executors`). ``sampler``: how each step's tokens are
         chosen (:class:`~.sampler.Sampler`, with the engine's verifier and constraints).
-        ``decode_attention``: each decode's attention read through its block table
+        ``decode_attention``: every sequence's attention (decodes, speculative
+        verifications, prefill chunks) read through the block tables
         (:class:`~.paged_cache.PagedKVCache`); it runs in eager steps only, so every step
         is then eager."""
         if decode_attention is not None:
