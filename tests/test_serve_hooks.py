@@ -1,7 +1,7 @@
 """The engine's replaceable parts (the course's "your code in the engine"): a block manager
-instance, the slot-mapping function, the decode attention, the scheduler's budget plan and
-its preemption policy (one step policy). With the chapter 12 and 13 solutions plugged in, the engine still
-gives every request what ``generate`` gives it alone; a broken part shows (different
+instance, the slot-mapping function, the decode attention, the scheduler's step policy
+(its budget split and its preemption). With the chapter 12 and 13 solutions plugged in, the
+engine still gives every request what ``generate`` gives it alone; a broken part shows (different
 tokens, or a clear error). Also the engine's ``on_step`` observer (a
 :class:`~minillm.engine.deltas.StepReport` per step, whose work adds up to what the
 sequences computed), and what chapters 12 and 13 needed of the simulator: ``on_step``, and
@@ -13,8 +13,8 @@ import pytest
 from engine_driving import sequence_of
 
 from minillm.engine.block_manager import BlockManager
-from minillm.engine.reserving import ReservingBlockManager
 from minillm.engine.policies import StepDecision, plan_chunked_step, schedule_step
+from minillm.engine.reserving import ReservingBlockManager
 from minillm.grading import load_impl
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams

@@ -203,7 +203,8 @@ def check_decision(decision: StepDecision, state: SchedulerState) -> None:
         raise ValueError(f"step policy needs {need} blocks with {state.free_after(victims)} "
                          f"free once its victims {victims} are preempted: preempt more")
     if not (sum(tokens) or joins or victims) and state.token_budget and (
-            state.running or state.waiting and state.join_blocks(0, 1) <= state.free_blocks):
+            state.running or state.waiting and state.free_blocks >= state.join_blocks(
+                0, min(state.token_budget, state.waiting[0].uncomputed))):
         raise ValueError(f"step policy gave no tokens to any of {len(state.running)} running "
                          f"and {len(state.waiting)} waiting requests with a budget of "
                          f"{state.token_budget}, and preempted nobody: the engine would make "
