@@ -2,13 +2,12 @@
 
 **The lab (13.1): the scheduling policy.** The engine's scheduler (:mod:`minillm.engine.
 scheduler`) is mechanism: it keeps the queues, reserves KV blocks and applies what a step
-computed. Every step it asks a policy two questions, as pure functions of numbers, and you
-write the answers: how the step's token budget is spent (``plan_step``, called as
-``SchedulerConfig(plan=...)``) and which running requests give their blocks back when the
-pool runs out (``preemption_victims``, ``SchedulerConfig(preempt=...)``); then what such a
-preemption costs (``recompute_tokens``). The engine checks every answer
-(:func:`minillm.engine.policies.check_plan`, :func:`~minillm.engine.policies.check_victims`)
-and says which rule a wrong one broke.
+computed. Every chunked-prefill step it hands a policy a read-only view of its state and
+applies the decision it gets back: which requests compute how many tokens, who joins, and
+who is preempted when the blocks run out, at what cost. You write that policy
+(``schedule_step``, plugged in as ``SchedulerConfig(step_policy=...)``), with the cost of
+one preemption (``recompute_tokens``). The engine checks every decision
+(:func:`minillm.engine.policies.check_decision`) and says which rule a wrong one broke.
 
 Warm-ups (13.2-13.4, small and step by step): latency metrics, what static batching
 costs, a roofline model of one engine step.
@@ -16,99 +15,93 @@ costs, a roofline model of one engine step.
 
 from __future__ import annotations
 
+from minillm.engine.policies import SchedulerState, StepDecision
 from minillm.engine.simulator import CostModel
 
 # -- the lab: the scheduling policy --------------------------------------------------------
 
 
-def plan_step(running: list[int], waiting: list[int], token_budget: int,
-              max_batch: int) -> list[int]:
-    """Exercise 13.1: The scheduling policy: how one step spends its token budget.
+def schedule_step(state: SchedulerState) -> StepDecision:
+    """Exercise 13.1: The scheduling policy: what one engine step runs, and who makes room.
 
-    The engine calls this every step with chunked prefill (Sarathi, Agrawal et al. 2023)
-    and then reserves blocks for what it returns.
+    The engine's scheduler calls this once per chunked-prefill step, then checks the
+    decision and applies it: it preempts the victims (their blocks go back to the pool,
+    they return to the front of the queue), reserves blocks for the running requests in
+    start order, then starts the joiners.
 
-    Inputs:
-      ``running``: per running request, in the order they started, the tokens it still
-      has to compute (1: a decode; more: a prompt, or a recomputed request, part of which
-      is still to be computed). ``waiting``: the same for the queue, oldest first (a
-      request preempted earlier is first again). ``token_budget`` >= 0: the most tokens
-      one forward pass may compute. ``max_batch`` >= 1: the most requests running at once
-      (``running`` may already hold that many, or more).
+    Input, ``state`` (:class:`minillm.engine.policies.SchedulerState`, read-only):
+    ``running``, in the order they started, each with ``uncomputed`` (1: a decode; more: a
+    prompt, or a recomputed request, not all computed yet), ``computed``, ``num_tokens``,
+    ``blocks`` and ``cached_blocks``; ``waiting``, the requests that could take a free seat,
+    oldest first (a request preempted earlier is first again), each with ``uncomputed``
+    (after its cached prefix); ``free_blocks``, ``block_size``, ``token_budget`` (>= 1) and
+    ``max_batch`` (``running`` may hold that many or more). Block queries:
+    ``state.blocks_needed(i, n, gone)``, ``state.free_after(gone)`` and
+    ``state.join_blocks(j, n)``, for running requests ``gone`` preempted.
 
-    Returns ``counts``: one count per running request (0: nothing this step), followed by
-    one count per waiting request that joins this step; joiners are a prefix of
-    ``waiting``.
+    Returns a :class:`~minillm.engine.policies.StepDecision`: ``tokens`` (one count per
+    running request, 0: nothing), ``joins`` (prompt tokens per joining request, a prefix of
+    ``waiting``) and ``preempted`` ((running index, tokens it will compute again) per
+    victim, in the order they go).
 
-    Invariants (the tests check each on random queues, against the library's policy):
-      * budget: ``sum(counts) <= token_budget``, and ``0 <= count <= need`` for each
-        request; a joiner gets at least 1 token. A prompt may get just a chunk.
-      * seats: ``len(counts) <= max(len(running), max_batch)``.
-      * decodes first: no prompt token (running or joining) is computed while a decode
-        gets nothing; a decode's token is what its stream is waiting for.
-      * first come, first served: started prompts in the order they started, then the
-        queue in order; nobody joins while a running request is short of its need, and a
-        prompt gets tokens only if every prompt before it got all it needs.
-      * no budget wasted: ``sum(counts) == min(token_budget, N)``, where N is what the
-        running requests need plus what the first ``max_batch - len(running)`` waiting
-        requests (none if that is not positive) need.
+    Invariants (checked on random states against the library's policy):
+      * budget and seats: at most ``token_budget`` tokens in all, at most ``max_batch``
+        requests once the joiners are in; a request never gets more than ``uncomputed``; a
+        joiner gets >= 1; a long prompt may get just a chunk.
+      * decodes first, then started prompts in start order, then the queue in order (FCFS);
+        no budget is left unspent while a seated request could use it.
+      * blocks: what is scheduled fits in the free blocks once the victims' blocks are
+        back; when it does not, the latest started unserved request goes first, one at a
+        time, just enough (the requester itself last: then it gets nothing); a victim
+        gets no tokens; nobody joins in a step that preempts, and joiners stop at the
+        first whose blocks do not fit.
+      * progress: if anything fits, the oldest running request gets a token (or, with
+        nobody running, the first waiting one joins).
+      * a victim's cost is ``recompute_tokens`` of its state.
 
-    Hints: sections 5 and 9 of notebooks/13_batching.ipynb; Sarathi-Serve's "stall-free
-    batching" (Agrawal et al. 2024); :func:`minillm.engine.policies.check_plan`.
+    Hints: sections 5, 6 and 9 of notebooks/13_batching.ipynb; Orca's iteration-level
+    scheduling (Yu et al. 2022); Sarathi-Serve's stall-free batching (Agrawal et al. 2024);
+    vLLM's preemption by recompute (Kwon et al. 2023, §4.5).
     """
     ### BEGIN SOLUTION
-    counts = [0] * len(running)
-    decodes = [i for i, need in enumerate(running) if need == 1]
-    started_prompts = [i for i, need in enumerate(running) if need > 1]
-    for i in decodes + started_prompts:
-        counts[i] = min(running[i], token_budget)
-        token_budget -= counts[i]
-    free_seats = max(max_batch - len(running), 0)
-    for need in waiting[:free_seats]:
-        if token_budget == 0:
+    running, budget = state.running, state.token_budget
+    tokens = [0] * len(running)
+    decodes = [i for i, r in enumerate(running) if r.uncomputed == 1]
+    prompts = [i for i, r in enumerate(running) if r.uncomputed > 1]
+    for i in decodes + prompts:  # Sarathi: decodes first, then chunks in start order
+        tokens[i] = min(running[i].uncomputed, budget)
+        budget -= tokens[i]
+    joins = []
+    for waiting in state.waiting[:max(state.max_batch - len(running), 0)]:
+        if budget == 0:
             break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    return counts
-    ### END SOLUTION
+        joins.append(min(waiting.uncomputed, budget))
+        budget -= joins[-1]
 
+    gone: list[int] = []  # victims, the latest started first
+    used = 0  # blocks reserved for the requests served so far
+    for i, n in enumerate(tokens):
+        if n == 0 or i in gone:
+            continue
+        while i not in gone and \
+                state.blocks_needed(i, n, gone) > state.free_after(gone) - used:
+            latest = max(j for j in range(i, len(running)) if j not in gone)
+            gone.append(latest)  # its blocks are free for the others now
+        if i not in gone:
+            used += state.blocks_needed(i, n, gone)
+    for i in gone:
+        tokens[i] = 0
 
-def preemption_victims(need: int, free: int, held: list[int]) -> list[int]:
-    """Exercise 13.1: The scheduling policy: whom to preempt when the KV blocks run out.
-
-    The engine calls this when a running request (the *requester*) needs ``need`` more
-    blocks and the pool has only ``free`` < ``need`` free ones (it may also be called with
-    enough free: then nobody goes). Preemption is by recompute: a victim's blocks go back
-    to the pool and it returns to the front of the queue, to be computed again later.
-
-    Inputs: ``held``: the blocks held by the requester (``held[0]``) and by each running
-    request that started after it, in the order they started (``len(held) >= 1``). Those
-    are the only candidates: the step serves running requests in start order, so the
-    ones before the requester already have their blocks for this step.
-
-    Returns the victims' indices into ``held``, in the order they are preempted.
-
-    Invariants:
-      * first come, first served: a request is never preempted while a request that
-        started after it keeps its blocks (so the oldest running request always makes
-        progress and none starves; Kwon et al. 2023, §4.5); the requester counts as the
-        oldest candidate.
-      * enough: ``free`` plus the victims' blocks reach ``need``, or the requester itself
-        is among the victims (then it is the last one: it gets nothing this step).
-      * no more than enough: without the last victim the blocks would not have sufficed
-        (``[]`` when ``free >= need``).
-
-    Hints: section 6 of the notebook; the PagedAttention paper (Kwon et al. 2023, §4.5);
-    :func:`minillm.engine.policies.check_victims`.
-    """
-    ### BEGIN SOLUTION
-    victims = []
-    for i in reversed(range(len(held))):  # the latest started first, the requester last
-        if free >= need:
+    free = state.free_after(gone) - used
+    admitted = []
+    for j, n in enumerate(joins if not gone else []):  # victims are first in the queue
+        if state.join_blocks(j, n) > free:
             break
-        victims.append(i)
-        free += held[i]
-    return victims
+        admitted.append(n)
+        free -= state.join_blocks(j, n)
+    costs = [recompute_tokens(running[i].computed, running[i].num_tokens,
+                              running[i].cached_blocks, state.block_size) for i in gone]
+    return StepDecision(tuple(tokens), tuple(admitted), tuple(zip(gone, costs, strict=True)))
     ### END SOLUTION
 
 
@@ -122,7 +115,7 @@ def recompute_tokens(computed: int, num_tokens: int, cached_blocks: int,
     ``cached_blocks`` full blocks of ``block_size`` tokens (its own freed blocks the pool
     has not handed out yet, or a twin request's), and the engine skips those, except that
     the block holding its last token is always computed (that token's logits give the next
-    token).
+    token). ``schedule_step`` reports this for each victim.
 
     Returns how many of the ``computed`` tokens the restart computes again: 0 <= result
     <= ``computed`` (tokens it had never computed are new work, not recompute).

@@ -1,7 +1,7 @@
 """The engine's replaceable parts (the course's "your code in the engine"): a block manager
-instance, the slot-mapping function, the decode attention, the scheduler's budget plan and
-its preemption policy. With the chapter 12 and 13 solutions plugged in, the engine still
-gives every request what ``generate`` gives it alone; a broken part shows (different
+instance, the slot-mapping function, the decode attention, the scheduler's step policy
+(its budget split and its preemption). With the chapter 12 and 13 solutions plugged in, the
+engine still gives every request what ``generate`` gives it alone; a broken part shows (different
 tokens, or a clear error). Also the engine's ``on_step`` observer (a
 :class:`~minillm.engine.deltas.StepReport` per step, whose work adds up to what the
 sequences computed), and what chapters 12 and 13 needed of the simulator: ``on_step``, and
@@ -13,8 +13,8 @@ import pytest
 from engine_driving import sequence_of
 
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.policies import StepDecision, plan_chunked_step, schedule_step
 from minillm.engine.reserving import ReservingBlockManager
-from minillm.engine.scheduler import plan_chunked_step, preemption_victims
 from minillm.grading import load_impl
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
@@ -147,38 +147,39 @@ def test_reserving_for_max_tokens_runs_fewer_requests_at_once_than_paging(tiny):
     assert most_at_once == {"paged": 4, "reserving": 2}
 
 
-def test_the_solution_plan_runs_the_engine_and_is_the_one_used(tiny):
+def test_the_solution_policy_runs_the_engine_and_is_the_one_used(tiny):
     calls = []
 
-    def plan(*args):
-        calls.append(args)
-        return ch13.plan_step(*args)
+    def policy(state):
+        calls.append(state)
+        return ch13.schedule_step(state)
 
     llm = LLM(tiny, block_size=4, num_blocks=64,
-              scheduler=SchedulerConfig(max_batch=3, max_tokens_per_step=8, plan=plan))
+              scheduler=SchedulerConfig(max_batch=3, max_tokens_per_step=8, step_policy=policy))
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
-    assert calls and all(budget == 8 and seats == 3 for *_, budget, seats in calls)
+    assert calls and all(s.token_budget == 8 and s.max_batch == 3 for s in calls)
 
 
-def test_a_plan_that_breaks_the_rules_is_refused_with_a_reason(tiny):
-    def greedy(running, waiting, budget, max_running):  # ignores the budget
-        return running + waiting
+def test_a_policy_that_breaks_the_rules_is_refused_with_a_reason(tiny):
+    def greedy(state):  # ignores the budget
+        return StepDecision(tuple(r.uncomputed for r in state.running),
+                            tuple(w.uncomputed for w in state.waiting))
 
     llm = LLM(tiny, block_size=4, num_blocks=64,
-              scheduler=SchedulerConfig(max_tokens_per_step=8, plan=greedy))
+              scheduler=SchedulerConfig(max_tokens_per_step=8, step_policy=greedy))
     llm.add_request(PROMPTS[0], PARAMS)
     with pytest.raises(ValueError, match="budget of 8"):
         llm.step()
 
 
-def test_a_plan_that_never_admits_a_prompt_is_refused_not_looped_on(tiny):
-    """A plan that gives nothing while a prompt waits would have the engine step forever
+def test_a_policy_that_never_admits_a_prompt_is_refused_not_looped_on(tiny):
+    """A policy that gives nothing while a prompt waits would have the engine step forever
     without progress (a mutant of exercise 13.1 once did, until pytest's timeout)."""
-    def only_decodes(running, waiting, budget, max_running):
-        return [1 if need == 1 else 0 for need in running]
+    def only_decodes(state):
+        return StepDecision(tuple(int(r.uncomputed == 1) for r in state.running))
 
     llm = LLM(tiny, block_size=4, num_blocks=64,
-              scheduler=SchedulerConfig(max_tokens_per_step=8, plan=only_decodes))
+              scheduler=SchedulerConfig(max_tokens_per_step=8, step_policy=only_decodes))
     llm.add_request(PROMPTS[0], PARAMS)
     with pytest.raises(ValueError, match="no progress"):
         llm.step()
@@ -194,14 +195,13 @@ def test_a_plan_that_never_admits_a_prompt_is_refused_not_looped_on(tiny):
 ])
 def test_the_library_plan_follows_sarathi_order(running, waiting, budget, seats, expected):
     assert plan_chunked_step(running, waiting, budget, seats) == expected
-    assert ch13.plan_step(running, waiting, budget, seats) == expected
 
 
-def short_pool(tiny, preempt=preemption_victims, on_step=None, num_blocks=12) -> LLM:
+def short_pool(tiny, policy=schedule_step, on_step=None, num_blocks=12) -> LLM:
     """An engine whose blocks of 4 cannot hold PROMPTS' caches at once (a prompt and its
     answer take up to 10): its requests preempt each other."""
     return LLM(tiny, block_size=4, num_blocks=num_blocks, on_step=on_step,
-               scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16, preempt=preempt))
+               scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=16, step_policy=policy))
 
 
 def test_on_step_sees_every_step_once_it_is_done(tiny):
@@ -263,59 +263,85 @@ def test_step_reports_add_up_to_every_token_computed(tiny):
 def test_the_solution_preemption_policy_runs_the_engine_and_is_the_one_used(tiny):
     calls, preempted = [], []
 
-    def preempt(need, free, held):
-        calls.append((need, free, held))
-        return ch13.preemption_victims(need, free, held)
+    def policy(state):
+        decision = ch13.schedule_step(state)
+        calls.extend(decision.preempted)
+        return decision
 
-    llm = short_pool(tiny, preempt, on_step=lambda step: preempted.extend(step.preempted))
+    llm = short_pool(tiny, policy, on_step=lambda step: preempted.extend(step.preempted))
     assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
     assert calls and preempted and llm.free_blocks() == 12
+    assert [p.recompute for p in preempted] == [cost for _, cost in calls]
 
 
-def biggest_first(need, free, held):
-    """Preempt the later requests holding the most blocks first, the requester last."""
-    victims = []
-    for i in sorted(range(1, len(held)), key=lambda i: -held[i]) + [0]:
-        if free >= need:
-            break
-        victims.append(i)
-        free += held[i]
-    return victims
+def biggest_first(state):
+    """The library's split, but out of blocks it preempts the later requests holding the
+    most blocks first (the requester last); nobody joins then."""
+    counts = plan_chunked_step([r.uncomputed for r in state.running],
+                               [w.uncomputed for w in state.waiting],
+                               state.token_budget, state.max_batch)
+    tokens, joins = counts[:len(state.running)], counts[len(state.running):]
+    gone, used = [], 0
+    for i, n in enumerate(tokens):
+        while n and i not in gone and \
+                state.blocks_needed(i, n, gone) > state.free_after(gone) - used:
+            later = [j for j in range(i + 1, len(tokens)) if j not in gone]
+            gone.append(max(later, key=lambda j: len(state.running[j].blocks)) if later else i)
+        if n and i not in gone:
+            used += state.blocks_needed(i, n, gone)
+    if gone:
+        return StepDecision(tuple(0 if i in gone else n for i, n in enumerate(tokens)), (),
+                            tuple((i, 0) for i in gone))
+    while sum(state.join_blocks(j, n) for j, n in enumerate(joins)) > \
+            state.free_after() - used:
+        joins.pop()
+    return StepDecision(tuple(tokens), tuple(joins))
 
 
 def test_another_preemption_policy_changes_the_victims_not_the_tokens(tiny):
     histories = {}
-    for preempt in (preemption_victims, biggest_first):
+    for policy in (schedule_step, biggest_first):
         history = []
-        llm = short_pool(tiny, preempt, num_blocks=20, on_step=lambda report, h=history: h.append(
+        llm = short_pool(tiny, policy, num_blocks=20, on_step=lambda report, h=history: h.append(
             [(p.request_id, p.index, p.computed) for p in report.preempted]))
         assert [o.tokens for o in llm.generate(PROMPTS, PARAMS, progress=False)] == alone(tiny)
         assert llm.free_blocks() == 20
-        histories[preempt] = history
-    assert histories[preemption_victims] != histories[biggest_first]
+        histories[policy] = history
+    assert histories[schedule_step] != histories[biggest_first]
 
 
-@pytest.mark.parametrize("preempt, reason", [
-    (lambda need, free, held: [], "preempt more"),
-    (lambda need, free, held: [len(held)], "distinct indices"),
-    (lambda need, free, held: [0, 0], "distinct indices"),
-    (lambda need, free, held: [0, *range(1, len(held))], "must be the last victim"),
-    (lambda need, free, held: [*reversed(range(len(held)))], "enough before the last"),
+def _without_preemption(state):
+    decision = schedule_step(state)
+    return StepDecision(decision.tokens, decision.joins, ())
+
+
+def _preempt_and_run(state):
+    decision = schedule_step(state)
+    return StepDecision(tuple(r.uncomputed if (i, c) in decision.preempted else n
+                              for i, (r, n, c) in enumerate(zip(
+                                  state.running, decision.tokens,
+                                  [dict(decision.preempted).get(i) for i in
+                                   range(len(state.running))], strict=True))),
+                        decision.joins, decision.preempted)
+
+
+def _preempt_and_join(state):
+    decision = schedule_step(state)
+    if decision.preempted and state.waiting:
+        return StepDecision(decision.tokens, (1,), decision.preempted)
+    return decision
+
+
+@pytest.mark.parametrize("policy, reason", [
+    (_without_preemption, "preempt more"),
+    (_preempt_and_run, "scheduled for 0 tokens"),
+    (_preempt_and_join, "nobody may join"),
 ])
-def test_a_preemption_policy_that_breaks_the_rules_is_refused_with_a_reason(tiny, preempt,
+def test_a_preemption_policy_that_breaks_the_rules_is_refused_with_a_reason(tiny, policy,
                                                                             reason):
-    llm = short_pool(tiny, preempt)
+    llm = short_pool(tiny, policy)
     with pytest.raises(ValueError, match=reason):
         llm.generate(PROMPTS, PARAMS, progress=False)
-
-
-def test_the_victims_check_accepts_nobody_when_enough_blocks_are_free():
-    from minillm.engine.policies import check_victims
-
-    assert preemption_victims(2, 3, [4, 1]) == []
-    check_victims([], 2, 3, [4, 1])  # no error: nobody has to go
-    with pytest.raises(ValueError, match="enough before the last"):
-        check_victims([1], 2, 3, [4, 1])
 
 
 def test_the_simulator_shows_every_step_to_on_step():

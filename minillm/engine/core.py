@@ -199,8 +199,8 @@ class EngineCore:
         if self.dead is not None:
             raise EngineDeadError(self.dead)
         step = self.scheduler.schedule()
-        preempted = tuple(Preemption(s.request_id, s.index, computed, s.num_tokens)
-                          for s, computed in step.preempted)
+        preempted = tuple(Preemption(s.request_id, s.index, computed, s.num_tokens, cost)
+                          for s, computed, cost in step.preempted)
         if not step.work:
             self._report(StepReport(preempted=preempted))
             return []

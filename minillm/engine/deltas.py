@@ -60,12 +60,15 @@ class Work(NamedTuple):
 class Preemption(NamedTuple):
     """A sample sent back to the queue to free blocks: the keys and values of its
     ``computed`` tokens were dropped (a prefix-cache hit may bring some back), out of
-    ``num_tokens`` (prompt and output so far), to be computed again."""
+    ``num_tokens`` (prompt and output so far), to be computed again; ``recompute``: how
+    many of them the step policy expects to compute again (the prefix cache keeps the
+    rest, unless the pool hands its blocks out first)."""
 
     request_id: int
     index: int
     computed: int
     num_tokens: int
+    recompute: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,16 @@ scheduler fills it, and the policy is what chapter 13 is about:
 
 Without chunked prefill, prompts go first (vLLM's original policy): when requests can
 join, the step computes their whole prompts and nothing else. With ``chunked_prefill`` a
-step computes at most ``max_tokens_per_step`` tokens, split by ``config.plan``
-(:func:`~.policies.plan_chunked_step`: decodes first, then prompt chunks).
-
-When the pool runs out of blocks, running requests are **preempted by recompute**
-(``config.preempt`` picks them, :func:`~.policies.preemption_victims`): their blocks are
-freed, their counter of computed tokens goes back to 0 and they return to the front of
-the queue. Requests are served first come, first served.
+step computes at most ``max_tokens_per_step`` tokens, and one policy decides all of it:
+``config.step_policy`` (:func:`~.policies.schedule_step`, the lab of chapter 13) reads a
+:class:`~.policies.SchedulerState` (the queues as numbers, the free blocks) and returns a
+:class:`~.policies.StepDecision`: tokens per running request, the waiting requests that
+join with a prompt chunk each, and the running requests **preempted by recompute** to
+free blocks (the latest started first), each with what it will compute again. The
+scheduler checks the decision (:func:`~.policies.check_decision`) and applies it: the
+victims' blocks are freed, their counter of computed tokens goes back to 0 and they
+return to the front of the queue; then blocks are reserved in start order. Requests are
+served first come, first served.
 
 **Speculative guesses take what the step's planned work leaves.** With
 ``speculative_tokens = γ > 0``, once every planned token has its blocks, each decoding
@@ -48,12 +51,13 @@ from ..speculative import lookup_ngram
 from .block_manager import BlockManager
 from .deltas import RequestDelta
 from .policies import (
-    Plan,
-    Preempt,
-    check_plan,
-    check_victims,
-    plan_chunked_step,
-    preemption_victims,
+    RunningView,
+    SchedulerState,
+    StepPolicy,
+    WaitingView,
+    check_decision,
+    recompute_cost,
+    schedule_step,
 )
 from .sampler import Sampled
 from .sequence import FinishReason, Sequence, Status
@@ -69,8 +73,7 @@ class SchedulerConfig:
     max_tokens_per_step: int = 512  # the token budget of one forward pass
     chunked_prefill: bool = True
     max_wait: float = 0.05  # dynamic batching: seconds the oldest request may wait
-    plan: Plan = plan_chunked_step  # chunked prefill: how a step's token budget is split
-    preempt: Preempt = preemption_victims  # out of blocks: which running requests go
+    step_policy: StepPolicy = schedule_step  # chunked prefill: what a step runs, who goes
     speculative_tokens: int = 0  # γ: guesses a decode may have verified per step
     drafter: Callable[[list[int], int], list[int]] = lookup_ngram  # (tokens, γ) -> guesses
     # (prompt lookup's; an engine with a draft model has the model guess instead)
@@ -109,11 +112,12 @@ class Scheduler:
         self.blocks.free(seq)
         seq.finish(reason, error)
 
-    def preempt(self, seq: Sequence, step: Step | None = None) -> None:
+    def preempt(self, seq: Sequence, step: Step | None = None, recompute: int = 0) -> None:
         """Send a running ``seq`` back to the front of the queue, its blocks freed: it will be
-        recomputed (its cached prefix blocks may survive and make that cheap)."""
+        recomputed (its cached prefix blocks may survive and make that cheap; ``recompute``:
+        the tokens the policy expects it to compute again)."""
         if step is not None:
-            step.preempted.append((seq, seq.num_computed))
+            step.preempted.append((seq, seq.num_computed, recompute))
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.num_computed, seq.status = 0, Status.WAITING
@@ -134,23 +138,45 @@ class Scheduler:
         return step
 
     def _schedule_chunks(self, step: Step, now: float) -> None:
-        """Split the token budget with ``config.plan``, then reserve blocks in its order:
-        running requests (preempting if the pool is short), then joining ones."""
+        """Ask ``config.step_policy`` what the step runs, check its decision, and apply it:
+        preempt its victims (the latest started first), reserve blocks for the running
+        requests in start order, then start the joiners."""
         # seated until their lockstep batch ends (static and dynamic policies):
         running = [seq for seq in self.running if not seq.finished]
         waiting = self._joinable() if self._may_admit(now) else []
-        needs = [seq.num_uncomputed for seq in running]
-        waiting_needs = [seq.num_tokens - self.blocks.block_size
-                         * len(self.blocks.cached_prefix_blocks(seq)) for seq in waiting]
-        budget = self.config.max_tokens_per_step
-        counts = list(self.config.plan(needs, waiting_needs, budget, self.config.max_batch))
-        check_plan(counts, needs, waiting_needs, budget)
-        for seq, n in zip(running, counts, strict=False):
-            if n and seq in self.running and self._reserve_or_preempt(seq, n, step):
+        state = self.state(running, waiting)
+        decision = self.config.step_policy(state)
+        check_decision(decision, state)
+        for i, cost in sorted(decision.preempted, reverse=True):
+            self.preempt(running[i], step, cost)
+        for seq, n in zip(running, decision.tokens, strict=True):
+            if n:
+                step.copies += self.blocks.reserve(seq, n)
                 step.work.append((seq, n))
-        for seq, n in zip(waiting, counts[len(running):], strict=False):
-            if not (self.waiting and self.waiting[0] is seq and self._start(seq, n, step)):
-                return  # a preempted request is first in the queue now, or no blocks
+        for seq, n in zip(waiting, decision.joins, strict=False):
+            if not self._start(seq, n, step):
+                return  # its cached prefix went to this step's blocks: next step
+
+    def state(self, running: list[Sequence], waiting: list[Sequence]) -> SchedulerState:
+        """The read-only view a step policy decides from."""
+        blocks, size = self.blocks, self.blocks.block_size
+        held = {b for seq in running for b in seq.block_table}
+
+        def cached(seq: Sequence) -> int:  # its first blocks named in the prefix cache
+            return next((i for i, b in enumerate(seq.block_table)
+                         if blocks.blocks[b].hash is None), len(seq.block_table))
+
+        def joining(seq: Sequence) -> WaitingView:
+            hits = blocks.cached_prefix_blocks(seq)
+            return WaitingView(seq.num_tokens - size * len(hits),
+                               sum(block.ref_count == 0 for block in hits))
+
+        return SchedulerState(
+            tuple(RunningView(seq.num_uncomputed, seq.num_computed, seq.num_tokens,
+                              tuple(seq.block_table), cached(seq)) for seq in running),
+            tuple(joining(seq) for seq in waiting), blocks.num_free, size,
+            self.config.max_tokens_per_step, self.config.max_batch,
+            {b: blocks.blocks[b].ref_count for b in held})
 
     def _schedule_whole_prompts(self, step: Step, now: float) -> None:
         """Prefill first: a step of whole prompts if any may join, else every decode."""
@@ -183,21 +209,14 @@ class Scheduler:
                 spare -= slots
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, step: Step) -> bool:
-        """Reserve blocks for ``n`` tokens of ``seq``; while the pool is short, preempt the
-        victims ``config.preempt`` picks among ``seq`` and the unfinished requests that
-        started after it (this step has not reached them yet). False if ``seq`` itself had
-        to go. A block shared with a request that stays is counted in ``held`` but not
-        freed: then the pool may still be short, and the plug-in is asked again."""
+        """Whole-prompt steps: reserve blocks for ``n`` tokens of ``seq``, preempting the
+        unfinished requests that started after it, the latest first, while the pool is short
+        (``seq`` itself last). False if ``seq`` itself had to go."""
         while not self.blocks.can_reserve(seq, n):
-            later = self.running[self.running.index(seq):]
-            candidates = [s for s in later if not s.finished]
-            need, free = self.blocks.new_blocks_needed(seq, n), self.blocks.num_free
-            held = [len(s.block_table) for s in candidates]
-            victims = list(self.config.preempt(need, free, held))
-            check_victims(victims, need, free, held)
-            for i in victims:
-                self.preempt(candidates[i], step)
-            if 0 in victims:
+            victim = [s for s in self.running[self.running.index(seq):] if not s.finished][-1]
+            self.preempt(victim, step, recompute_cost(
+                self.state([victim], []).running[0], self.blocks.block_size))
+            if victim is seq:
                 return False
         step.copies += self.blocks.reserve(seq, n)
         return True

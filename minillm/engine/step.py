@@ -23,12 +23,12 @@ class Step:
     """One forward pass: ``(sequence, planned tokens)`` pairs, prefill chunks included; the
     guess slots each speculating decode got (sequence id -> slots); the cache blocks to
     copy first (copy-on-write); the requests preempted to make room, each with the tokens
-    it had computed."""
+    it had computed and those it is expected to compute again."""
 
     work: list[tuple[Sequence, int]] = field(default_factory=list)
     guesses: dict[int, int] = field(default_factory=dict)
     copies: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

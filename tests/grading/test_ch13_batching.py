@@ -1,13 +1,18 @@
 """Graded tests for chapter 13 (batching and scheduling).
 
-The lab (13.1, the scheduling policy) is graded on random queues and pools drawn by
-Hypothesis (fixed, derandomized: the same cases on every run, none of them shown to you),
-against the library's policy (``plan_chunked_step``, ``preemption_victims``) and its block
-manager, on the edge cases where mistakes hide, and in the engine: a tiny random model
-serves a trace on a pool too small for it, with your policy making every decision, and
-must give the tokens plain ``generate`` gives each request alone and the steps the
-library's policy takes. The warm-ups (13.2-13.4) are checked against the library's metrics,
-its scheduler run with a stand-in model, and its cost model and simulator.
+The lab (13.1, the scheduling policy ``schedule_step``) is graded on random scheduler
+states drawn by Hypothesis (fixed, derandomized: the same cases on every run, none of them
+shown to you) against the library's policy and the engine's check of a decision, on the
+edge cases where mistakes hide (nothing waiting, no free block, a budget of one token, full
+seats, a prompt longer than the budget, everyone out of blocks, a cached prefix, shared
+blocks), and in the engine: a tiny random model serves a trace on a pool too small for it
+with your policy making every decision, and must give the tokens plain ``generate`` gives
+each request alone and, step for step, the library's schedule.
+
+What a preemption costs (``recompute_tokens``, part of 13.1) is checked against the block
+manager's cache hits on random restarts. The warm-ups (13.2-13.4) are checked against the
+library's metrics, its scheduler run with a stand-in model, and its cost model and
+simulator.
 """
 
 from __future__ import annotations
@@ -21,8 +26,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.config import ModelConfig
+from minillm.engine import policies
 from minillm.engine.block_manager import BlockManager, chain_hash
-from minillm.engine.policies import check_victims, plan_chunked_step, preemption_victims
+from minillm.engine.policies import (
+    RunningView,
+    SchedulerState,
+    StepDecision,
+    WaitingView,
+    check_decision,
+)
 from minillm.engine.sampler import Sampled
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
@@ -38,163 +50,137 @@ from minillm.testing import varied_random_model
 impl = load_impl("ch13_batching")
 
 
-# -- 13.1 the lab: the scheduling policy ------------------------------------------------
+# -- 13.1 the lab: the scheduling policy ----------------------------------------------
 
 HIDDEN = settings(max_examples=400, derandomize=True, database=None, deadline=None)
 
 
-@st.composite
-def queues(draw):
-    """A step's state: running needs (about half decodes; sometimes more requests than
-    seats, as a request with several samples makes), waiting needs, a budget, seats."""
-    max_batch = draw(st.integers(1, 8))
-    need = st.one_of(st.just(1), st.integers(2, 60))
-    running = draw(st.lists(need, max_size=max_batch + 2))
-    waiting = draw(st.lists(st.integers(1, 80), max_size=6))
-    return running, waiting, draw(st.integers(0, 100)), max_batch
-
-
-@pytest.mark.exercise("13.1", points=2)
-@pytest.mark.parametrize("running, waiting, budget, seats, expected", [
-    ([1, 1, 1], [20], 8, 4, [1, 1, 1, 5]),  # decodes, then a chunk of the waiting prompt
-    ([30, 1, 1], [5], 8, 4, [6, 1, 1]),  # decodes before an older request's prompt chunk
-    ([9, 1, 4], [], 8, 4, [7, 1, 0]),  # started prompts in the order they started
-    ([1, 1], [3, 3, 3], 64, 3, [1, 1, 3]),  # seats: three requests at most
-    ([1, 1, 1], [4], 2, 8, [1, 1, 0]),  # the budget runs out before the last decode
-    ([], [4, 9, 2], 10, 8, [4, 6]),  # the queue joins in order, the last with a chunk
-    ([], [512], 64, 4, [64]),  # a budget smaller than one prompt: a chunk
-    ([1, 1], [5], 0, 4, [0, 0]),  # no budget: nothing runs, nobody joins
-    ([], [], 16, 4, []),  # nothing to do
-    ([1, 1, 1], [5, 5], 10, 2, [1, 1, 1]),  # more running than seats: nobody joins
-    ([2], [3], 2, 4, [2]),  # exactly the budget: nothing left for the queue
-])
-def test_plan_examples(running, waiting, budget, seats, expected):
-    assert impl.plan_step(list(running), list(waiting), budget, seats) == expected
-
-
-def broken_plan_rule(counts, running, waiting, budget, max_batch) -> str | None:
-    """The first rule of the plan's contract that ``counts`` breaks (None: it keeps them)."""
-    started, joining = counts[:len(running)], counts[len(running):]
-    if len(started) < len(running) or len(joining) > len(waiting):
-        return "one count per running request, then one per joining waiting request"
-    running_pairs = list(zip(started, running, strict=True))
-    joining_pairs = list(zip(joining, waiting[:len(joining)], strict=True))
-    if len(counts) > max(len(running), max_batch):
-        return "more requests than max_batch"
-    if any(not 0 <= n <= need for n, need in running_pairs) or \
-            any(not 1 <= n <= need for n, need in joining_pairs):
-        return "a request got more than it needs, or a joiner nothing"
-    if sum(counts) > budget:
-        return "over budget"
-    decodes = [n for n, need in running_pairs if need == 1]
-    prompts = [(n, need) for n, need in running_pairs if need > 1] + joining_pairs
-    if 0 in decodes and any(n for n, _ in prompts):
-        return "a prompt computed while a decode got nothing"
-    for (n, need), (later, _) in zip(prompts, prompts[1:], strict=False):
-        if n < need and later:
-            return "a prompt (or joiner) served while an earlier one is still short"
-    seated = waiting[:max(max_batch - len(running), 0)]
-    if sum(counts) < min(budget, sum(running) + sum(seated)):
-        return "budget left unspent while requests could use it"
-    return None
-
-
-@pytest.mark.exercise("13.1", points=2)
-@HIDDEN
-@given(queues())
-def test_plan_keeps_its_contract_on_random_queues(state):
-    running, waiting, budget, max_batch = state
-    counts = list(impl.plan_step(list(running), list(waiting), budget, max_batch))
-    assert broken_plan_rule(counts, running, waiting, budget, max_batch) is None, \
-        (broken_plan_rule(counts, running, waiting, budget, max_batch), counts)
-
-
-@pytest.mark.exercise("13.1", points=2)
-@HIDDEN
-@given(queues())
-def test_plan_matches_the_library_on_random_queues(state):
-    running, waiting, budget, max_batch = state
-    assert list(impl.plan_step(list(running), list(waiting), budget, max_batch)) == \
-        plan_chunked_step(running, waiting, budget, max_batch)
-
-
-def test_the_contract_check_holds_the_library_to_it():  # not graded: the checker itself
-    """The library's plan keeps every rule; typical wrong plans each break one."""
-    cases = [([1, 1, 1], [20], 8, 4), ([30, 1, 1], [5], 8, 4), ([1, 1], [3, 3, 3], 64, 3),
-             ([9, 1, 4], [], 8, 4), ([1, 1, 1], [5, 5], 10, 2)]
-    for running, waiting, budget, seats in cases:
-        assert broken_plan_rule(plan_chunked_step(running, waiting, budget, seats),
-                                running, waiting, budget, seats) is None
-    assert broken_plan_rule([6, 1, 1], [30, 1, 1], [], 7, 4) == "over budget"
-    assert broken_plan_rule([7, 0, 1], [30, 1, 1], [], 8, 4) == \
-        "a prompt computed while a decode got nothing"
-    assert broken_plan_rule([1, 1, 3], [1, 1], [3, 3, 3], 64, 2) == \
-        "more requests than max_batch"
-    assert broken_plan_rule([1, 1, 2, 3], [1, 1, 9], [3], 8, 4) == \
-        "a prompt (or joiner) served while an earlier one is still short"
-    assert broken_plan_rule([1, 1], [1, 1], [3], 8, 4) == \
-        "budget left unspent while requests could use it"
-
-
-@pytest.mark.exercise("13.1", points=2)
-@pytest.mark.parametrize("need, free, held, expected", [
-    (2, 0, [3, 2, 4], [2]),  # the latest started frees enough
-    (5, 1, [3, 2, 1, 1], [3, 2, 1]),  # latest first, until free + freed reaches the need
-    (3, 1, [1, 2, 2], [2]),  # exactly enough: stop there
-    (3, 0, [4, 1], [1, 0]),  # the others free too little: the requester goes last
-    (2, 0, [6], [0]),  # nobody started after it: the requester goes
-    (1, 1, [2, 3], []),  # enough blocks are free already
-    (40, 2, [3, 4, 5], [2, 1, 0]),  # more than all of them hold: everyone, requester last
-    (4, 0, [1, 1, 3], [2, 1]),  # the last victim tips it over, not one too few
-])
-def test_victims_examples(need, free, held, expected):
-    assert list(impl.preemption_victims(need, free, list(held))) == expected
+def make_state(running, waiting=(), free=8, budget=16, seats=4, size=4, shared=0):
+    """A state from (uncomputed, computed[, cached blocks]) per running request and
+    (uncomputed[, free cached blocks]) per waiting one; each running request holds the
+    blocks its computed tokens fill, the first ``shared`` of them shared by all (forks)."""
+    views, next_id, common = [], 0, list(range(shared))
+    next_id = shared
+    for r in running:
+        uncomputed, computed, cached = (*r, 0)[:3]
+        count = max(-(-computed // size), 0)
+        own = list(range(next_id, next_id + max(count - len(common), 0)))
+        next_id += len(own)
+        views.append(RunningView(uncomputed, computed, computed + uncomputed,
+                                 tuple((common + own)[:max(count, 0)]), cached))
+    refs: dict[int, int] = {}
+    for view in views:
+        for b in view.blocks:
+            refs[b] = refs.get(b, 0) + 1
+    return SchedulerState(tuple(views), tuple(WaitingView(*w) if isinstance(w, tuple)
+                                              else WaitingView(w) for w in waiting),
+                          free, size, budget, seats, refs)
 
 
 @st.composite
-def pools(draw):
-    """A short pool: blocks needed, blocks free, blocks held by the requester and by each
-    running request that started after it."""
-    held = draw(st.lists(st.integers(1, 8), min_size=1, max_size=7))
-    return draw(st.integers(1, 30)), draw(st.integers(0, 6)), held
+def states(draw):
+    """A step's state: running requests (about half decodes, some sharing their first
+    blocks as forks do, sometimes more than the seats), waiting ones, a short pool."""
+    size = draw(st.sampled_from([1, 2, 4]))
+    running = []
+    for _ in range(draw(st.integers(0, 6))):
+        computed = draw(st.integers(1, 24))
+        uncomputed = draw(st.one_of(st.just(1), st.integers(2, 40)))
+        cached = draw(st.integers(0, computed // size))
+        running.append((uncomputed, computed, cached))
+    waiting = draw(st.lists(st.tuples(st.integers(1, 60), st.integers(0, 2)), max_size=5))
+    shared = draw(st.integers(0, 2)) if running else 0
+    shared = min([shared] + [-(-c // size) for _, c, _ in running])
+    return make_state(running, waiting, free=draw(st.integers(0, 12)),
+                      budget=draw(st.integers(1, 64)), seats=draw(st.integers(1, 8)),
+                      size=size, shared=shared)
+
+
+def decide(state) -> StepDecision:
+    decision = impl.schedule_step(state)
+    return StepDecision(tuple(decision.tokens), tuple(decision.joins),
+                        tuple(tuple(p) for p in decision.preempted))
 
 
 @pytest.mark.exercise("13.1", points=2)
 @HIDDEN
-@given(pools())
-def test_victims_keep_the_contract_and_match_the_library_on_random_pools(pool):
-    need, free, held = pool
-    victims = list(impl.preemption_victims(need, free, list(held)))
-    check_victims(victims, need, free, held)  # distinct, enough, the requester last, minimal
-    later_first = [i for i in reversed(range(1, len(held)))][:len([v for v in victims if v])]
-    assert [v for v in victims if v] == later_first, "the latest started go first"
-    assert victims == preemption_victims(need, free, held)
+@given(states())
+def test_your_decisions_pass_the_engines_check_on_random_states(state):
+    check_decision(decide(state), state)  # budget, seats, needs, blocks, victims, progress
+
+
+@pytest.mark.exercise("13.1", points=3)
+@HIDDEN
+@given(states())
+def test_your_decisions_match_the_library_on_random_states(state):
+    assert decide(state) == policies.schedule_step(state)
+
+
+R = [(1, 7), (1, 5), (1, 9)]  # three decodes, each holding 2 blocks of 4
+
+
+@pytest.mark.exercise("13.1", points=3)
+@pytest.mark.parametrize("state, expected", [
+    # nothing waiting: every decode gets its token
+    (make_state(R), StepDecision((1, 1, 1))),
+    # decodes first, then a chunk of the waiting prompt
+    (make_state(R, [20]), StepDecision((1, 1, 1), (13,))),
+    # decodes before an older request's prompt chunk, and the budget's end cuts it
+    (make_state([(30, 4), (1, 5), (1, 6)], budget=8), StepDecision((6, 1, 1))),
+    # a budget of one token: the oldest decode only
+    (make_state(R, [5], budget=1), StepDecision((1, 0, 0))),
+    # seats full: nobody joins
+    (make_state(R, [5], seats=3), StepDecision((1, 1, 1))),
+    # a prompt longer than the budget joins with a chunk
+    (make_state([], [512], budget=64, free=64), StepDecision((), (64,))),
+    # a joiner whose blocks do not fit waits, and so does everyone after it
+    (make_state(R, [9, 1], free=2), StepDecision((1, 1, 1))),
+    # a joiner's cached prefix is reused: only its own uncomputed tokens, and the cached
+    # blocks nobody holds count against the free ones
+    (make_state([], [(3, 2)], free=3), StepDecision((), (3,))),
+    (make_state([], [(3, 2)], free=2), StepDecision((), ())),
+    # no free block: decodes at a block's end need one; the latest started goes first,
+    # and its blocks serve the others
+    (make_state([(1, 8), (1, 8), (1, 5)], free=0),
+     StepDecision((1, 1, 0), (), ((2, 5),))),
+    # out of blocks with nobody after it: the requester itself goes
+    (make_state([(1, 8)], free=0), StepDecision((0,), (), ((0, 8),))),
+    # the victim's block is not enough: everyone goes, the requester last
+    (make_state([(5, 4), (1, 4)], free=0), StepDecision((0, 0), (), ((1, 4), (0, 4)))),
+    # a victim's cached blocks cut its cost
+    (make_state([(1, 8), (1, 8, 1)], free=0), StepDecision((1, 0), (), ((1, 4),))),
+    # forks sharing their only block: preempting the others frees nothing
+    (make_state([(6, 4), (1, 4), (1, 4)], free=0, shared=1),
+     StepDecision((0, 0, 0), (), ((2, 4), (1, 4), (0, 4)))),
+])
+def test_edge_cases(state, expected):
+    assert decide(state) == expected
 
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
 PROMPTS = [list(range(10, 37)), [1, 2, 3], [40, 41, 42, 43, 44], [7] * 12, [5, 9]]
 LONGER = SamplingParams(max_tokens=16)
+TRACE = [(0, PROMPTS[0]), (0, PROMPTS[1]), (2, PROMPTS[2]), (3, PROMPTS[3]), (6, PROMPTS[4])]
+# (the step before which it arrives, its prompt)
 
 
 @pytest.fixture(scope="module")
 def model():
     return varied_random_model(CONFIG)
-TRACE = [(0, PROMPTS[0]), (0, PROMPTS[1]), (2, PROMPTS[2]), (3, PROMPTS[3]), (6, PROMPTS[4])]
-# (the step before which it arrives, its prompt)
 
 
-def serve_trace(model, plan, preempt) -> tuple[list[list[int]], list[tuple]]:
+def serve_trace(model, policy) -> tuple[list[list[int]], list[tuple]]:
     """Serve TRACE, 16 tokens each, on a pool of 12 blocks of 4 (one prompt and its answer
     take up to 11): each request's tokens, and per step what it computed (request, tokens,
-    start) and whom it preempted."""
+    start) and whom it preempted, at what cost."""
     history = []
     llm = LLM(model, block_size=4, num_blocks=12,
-              scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=12, plan=plan,
-                                        preempt=preempt),
+              scheduler=SchedulerConfig(max_batch=4, max_tokens_per_step=12,
+                                        step_policy=policy),
               on_step=lambda report: history.append(
                   ([tuple(work) for work in report.work],
-                   [p.request_id for p in report.preempted])))
+                   [(p.request_id, p.recompute) for p in report.preempted])))
     pending, ids, step = list(TRACE), [], 0
     while pending or llm.has_work:
         while pending and pending[0][0] <= step:
@@ -208,25 +194,19 @@ def serve_trace(model, plan, preempt) -> tuple[list[list[int]], list[tuple]]:
 
 @pytest.mark.exercise("13.1", points=3)
 def test_your_policy_runs_the_engine_on_a_trace(model):
-    """Your plan and your victims make every decision of an engine serving a trace on a pool
-    too small for it: the tokens generate() gives each request alone, and step for step
-    the work and the preemptions of the library's policy."""
-    calls = {"plan": 0, "preempt": 0}
+    """Your policy makes every decision of an engine serving a trace on a pool too small
+    for it: the tokens generate() gives each request alone, and step for step the work,
+    the victims and their costs of the library's policy."""
+    calls = []
 
-    def plan(*state):
-        calls["plan"] += 1
-        return impl.plan_step(*state)
+    def policy(state):
+        calls.append(state)
+        return impl.schedule_step(state)
 
-    def preempt(*pool):
-        calls["preempt"] += 1
-        return impl.preemption_victims(*pool)
-
-    tokens, history = serve_trace(model, plan, preempt)
-    assert calls["plan"] and calls["preempt"] and any(victims for _, victims in history), \
-        "the pool should have been short"
+    tokens, history = serve_trace(model, policy)
+    assert calls and any(victims for _, victims in history), "the pool should have been short"
     assert tokens == [generate(model, p, 16, LONGER)[0] for _, p in TRACE]
-    assert history == serve_trace(model, plan_chunked_step, preemption_victims)[1]
-
+    assert history == serve_trace(model, policies.schedule_step)[1]
 
 # -- 13.2 latency metrics ---------------------------------------------------------------
 

@@ -3,126 +3,7 @@ catch each one. Each mutant replaces the solution function named before its ``__
 
 import math
 
-
-def plan_step__running_in_start_order(running, waiting, token_budget, max_batch):
-    """Serves running requests in the order they started: an older prompt's chunk can eat
-    the budget of the decodes (no decodes-first rule)."""
-    counts = []
-    for need in running:
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    for need in waiting[:max(max_batch - len(running), 0)]:
-        if token_budget == 0:
-            break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    return counts
-
-
-def plan_step__whole_prompts_only(running, waiting, token_budget, max_batch):
-    """Admits a waiting request only if its whole prompt fits (no chunked prefill)."""
-    counts = [0] * len(running)
-    for decodes_pass in (True, False):
-        for i, need in enumerate(running):
-            if (need == 1) == decodes_pass:
-                counts[i] = min(need, token_budget)
-                token_budget -= counts[i]
-    for need in waiting[:max(max_batch - len(running), 0)]:
-        if need > token_budget:
-            break
-        counts.append(need)
-        token_budget -= need
-    return counts
-
-
-def plan_step__seats_ignore_running(running, waiting, token_budget, max_batch):
-    """Lets up to max_batch waiting requests join whatever is already running."""
-    counts = [0] * len(running)
-    for decodes_pass in (True, False):
-        for i, need in enumerate(running):
-            if (need == 1) == decodes_pass:
-                counts[i] = min(need, token_budget)
-                token_budget -= counts[i]
-    for need in waiting[:max_batch]:
-        if token_budget == 0:
-            break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    return counts
-
-
-def plan_step__budget_per_request(running, waiting, token_budget, max_batch):
-    """Gives every request up to the whole budget instead of what is left of it."""
-    counts = [min(need, token_budget) for need in running]
-    seats = max(max_batch - len(running), 0)
-    return counts + [min(need, token_budget) for need in waiting[:seats]]
-
-
-def plan_step__ignores_max_batch(running, waiting, token_budget, max_batch):
-    """Lets every waiting request join while budget is left, whatever the seats."""
-    counts = [0] * len(running)
-    for decodes_pass in (True, False):
-        for i, need in enumerate(running):
-            if (need == 1) == decodes_pass:
-                counts[i] = min(need, token_budget)
-                token_budget -= counts[i]
-    for need in waiting:
-        if token_budget == 0:
-            break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    return counts
-
-
-def plan_step__joins_before_started_prompts(running, waiting, token_budget, max_batch):
-    """Serves decodes, then newcomers, then the started prompts: a waiting request joins
-    while a running one is still short of its need."""
-    counts = [min(need, token_budget) if need == 1 else 0 for need in running]
-    token_budget -= sum(counts)
-    for need in waiting[:max(max_batch - len(running), 0)]:
-        if token_budget == 0:
-            break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    for i, need in enumerate(running):
-        if need > 1:
-            counts[i] = min(need, token_budget)
-            token_budget -= counts[i]
-    return counts
-
-
-def plan_step__budget_off_by_one(running, waiting, token_budget, max_batch):
-    """Stops admitting with one token of budget left (``token_budget <= 1``): a one-token
-    chunk is still work the step could do."""
-    counts = [0] * len(running)
-    for decodes_pass in (True, False):
-        for i, need in enumerate(running):
-            if (need == 1) == decodes_pass:
-                counts[i] = min(need, token_budget)
-                token_budget -= counts[i]
-    for need in waiting[:max(max_batch - len(running), 0)]:
-        if token_budget <= 1:
-            break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    return counts
-
-
-def plan_step__negative_seats(running, waiting, token_budget, max_batch):
-    """Slices the queue with ``max_batch - len(running)`` unguarded: when more requests run
-    than there are seats, the negative slice lets nearly the whole queue join."""
-    counts = [0] * len(running)
-    for decodes_pass in (True, False):
-        for i, need in enumerate(running):
-            if (need == 1) == decodes_pass:
-                counts[i] = min(need, token_budget)
-                token_budget -= counts[i]
-    for need in waiting[:max_batch - len(running)]:
-        if token_budget == 0:
-            break
-        counts.append(min(need, token_budget))
-        token_budget -= counts[-1]
-    return counts
+from minillm.engine.policies import StepDecision
 
 
 def request_latencies__tpot_over_all_tokens(arrival, token_times):
@@ -199,68 +80,6 @@ def roofline_step_time__no_overhead(new_tokens, cached_tokens, cost):
     return max(memory, new_tokens * cost.flops_per_token / cost.flops)
 
 
-def preemption_victims__oldest_first(need, free, held):
-    """Preempts the oldest of the later requests first (the requester still last): it throws
-    away more computed work and breaks first come, first served."""
-    victims = []
-    for i in [*range(1, len(held)), 0]:
-        if free >= need:
-            break
-        victims.append(i)
-        free += held[i]
-    return victims
-
-
-def preemption_victims__requester_first(need, free, held):
-    """Gives up at once: preempts the requester itself whenever the pool is short."""
-    return [] if free >= need else [0]
-
-
-def preemption_victims__ignores_free_blocks(need, free, held):
-    """Frees ``need`` blocks by preemption alone, forgetting the ones already free."""
-    victims, freed = [], 0
-    for i in reversed(range(len(held))):
-        if freed >= need:
-            break
-        victims.append(i)
-        freed += held[i]
-    return victims
-
-
-def preemption_victims__one_too_many(need, free, held):
-    """Stops only once the free blocks exceed the need: one victim too many on a tie."""
-    victims = []
-    for i in reversed(range(len(held))):
-        if free > need:
-            break
-        victims.append(i)
-        free += held[i]
-    return victims
-
-
-def preemption_victims__one_too_few(need, free, held):
-    """Stops before the victim whose blocks would make enough: one victim too few, and the
-    requester is still short."""
-    victims = []
-    for i in reversed(range(len(held))):
-        if free >= need or free + held[i] >= need:
-            break
-        victims.append(i)
-        free += held[i]
-    return victims
-
-
-def preemption_victims__biggest_first(need, free, held):
-    """Preempts the biggest holders first (fewest victims), not the latest started."""
-    victims = []
-    for i in sorted(range(1, len(held)), key=lambda i: -held[i]) + [0]:
-        if free >= need:
-            break
-        victims.append(i)
-        free += held[i]
-    return victims
-
-
 def recompute_tokens__everything(computed, num_tokens, cached_blocks, block_size):
     """Forgets the prefix cache: every computed token is computed again."""
     return computed
@@ -280,3 +99,92 @@ def recompute_tokens__negative(computed, num_tokens, cached_blocks, block_size):
 def recompute_tokens__counts_new_work(computed, num_tokens, cached_blocks, block_size):
     """Counts every token after the cache hits, also those it had never computed."""
     return num_tokens - block_size * min(cached_blocks, (num_tokens - 1) // block_size)
+
+
+def _policy(state, *, prompts_first=False, victim=max, free_victims=True, budget_slack=0,
+            chunk=True, join_after_preempt=False, cost=None):
+    """The solution's policy with one knob turned; each mutant below turns one."""
+    from solutions.ch13_batching import recompute_tokens
+    running, budget = state.running, state.token_budget + budget_slack
+    tokens = [0] * len(running)
+    decodes = [i for i, r in enumerate(running) if r.uncomputed == 1]
+    prompts = [i for i, r in enumerate(running) if r.uncomputed > 1]
+    for i in (prompts + decodes if prompts_first else decodes + prompts):
+        tokens[i] = min(running[i].uncomputed, budget)
+        budget -= tokens[i]
+    joins = []
+    for waiting in state.waiting[:max(state.max_batch - len(running), 0)]:
+        if budget == 0 or not chunk and waiting.uncomputed > budget:
+            break
+        joins.append(min(waiting.uncomputed, budget))
+        budget -= joins[-1]
+    gone, used = [], 0
+    for i, n in enumerate(tokens):
+        if n == 0 or i in gone:
+            continue
+        while i not in gone and state.blocks_needed(i, n, gone) > \
+                state.free_after(gone if free_victims else ()) - used:
+            later = [j for j in range(i + 1, len(running)) if j not in gone]
+            gone.append(victim(later) if later else i)
+        if i not in gone:
+            used += state.blocks_needed(i, n, gone)
+    for i in gone:
+        tokens[i] = 0
+    free = state.free_after(gone) - used
+    admitted = []
+    for j, n in enumerate(joins if not gone or join_after_preempt else []):
+        if state.join_blocks(j, n) > free:
+            break
+        admitted.append(n)
+        free -= state.join_blocks(j, n)
+    cost = cost or (lambda r: recompute_tokens(r.computed, r.num_tokens, r.cached_blocks,
+                                               state.block_size))
+    return StepDecision(tuple(tokens), tuple(admitted),
+                        tuple((i, cost(running[i])) for i in gone))
+
+
+def schedule_step__prompts_before_decodes(state):
+    """Serves started prompts before decodes: a long prompt's chunk eats the decodes'
+    budget (no decodes-first rule)."""
+    return _policy(state, prompts_first=True)
+
+
+def schedule_step__preempts_the_oldest(state):
+    """Preempts the oldest of the later requests first, not the latest started: it throws
+    away more computed work and breaks first come, first served."""
+    return _policy(state, victim=min)
+
+
+def schedule_step__victims_blocks_stay_taken(state):
+    """Forgets that a victim's blocks become free: keeps preempting until the blocks that
+    were free at the start suffice."""
+    return _policy(state, free_victims=False)
+
+
+def schedule_step__budget_off_by_one(state):
+    """Spends one token more than the budget (``<=`` where ``<`` was meant)."""
+    return _policy(state, budget_slack=1)
+
+
+def schedule_step__no_chunking(state):
+    """Admits a waiting request only if its whole prompt fits (no chunked prefill)."""
+    return _policy(state, chunk=False)
+
+
+def schedule_step__joins_after_preempting(state):
+    """Lets waiting requests join in a step that preempted: they jump ahead of the victims,
+    which went back to the front of the queue."""
+    return _policy(state, join_after_preempt=True)
+
+
+def schedule_step__recomputes_everything(state):
+    """Reports every computed token of a victim as recomputed, forgetting its cached
+    blocks."""
+    return _policy(state, cost=lambda r: r.computed)
+
+
+def schedule_step__biggest_first(state):
+    """Preempts the later request holding the most blocks first (fewest victims), not the
+    latest started."""
+    return _policy(state, victim=lambda later: max(
+        later, key=lambda j: len(state.running[j].blocks)))
