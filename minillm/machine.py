@@ -41,7 +41,7 @@ VECTOR_EXTENSIONS = {
     "avx2": "256-bit integer vectors (8 int32 or 16 int16 lanes)",
     "fma": "fused multiply-add on float vectors",
     "avx512f": "512-bit vectors",
-    "avx512_vnni": "int8 dot products into int32, 64 byte pairs per instruction (vpdpbusd)",
+    "avx512_vnni": "int8 dot products into int32, 64 byte pairs at once (vpdpbusd)",
     "avx_vnni": "the same int8 dot products on 256-bit vectors (32 byte pairs)",
     "amx_int8": "int8 tile matrix products (Sapphire Rapids and later)",
 }

@@ -47,9 +47,9 @@ def spy_on_preemptions(llm: LLM) -> list:
     scheduler, preempted = llm.core.scheduler, []
     preempt = scheduler.preempt
 
-    def recorded(seq, step=None):
+    def recorded(seq, *step_and_cost):
         preempted.append(seq)
-        preempt(seq, step)
+        preempt(seq, *step_and_cost)
 
     scheduler.preempt = recorded
     return preempted

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from ch12_engine_case import CONFIG, PARAMS, PROMPTS, SYSTEM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm.attention.paged import slot_mapping
-from minillm.config import ModelConfig
 from minillm.grading import load_impl
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
@@ -196,11 +196,6 @@ def test_paged_attention_refuses_an_inconsistent_batch(query_lens, context_lens)
 
 # -- the engine with your attention ------------------------------------------------------
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
-SYSTEM = list(range(10, 34))  # six blocks of 4 shared by the prompts
-PROMPTS = [SYSTEM + [1, 2, 3], SYSTEM + [4, 5], [40, 41, 42, 43, 44], SYSTEM + [6] * 7]
-PARAMS = SamplingParams(max_tokens=8)
 
 
 @pytest.fixture(scope="module")

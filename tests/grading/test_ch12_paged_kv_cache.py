@@ -10,14 +10,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from ch12_engine_case import CONFIG, PARAMS, PROMPTS
 
 from minillm.attention.paged import slot_mapping as library_slot_mapping
-from minillm.config import ModelConfig
 from minillm.engine.block_manager import BlockManager, OutOfBlocks
 from minillm.engine.sequence import Sequence
 from minillm.grading import load_impl
 from minillm.reference import generate  # the oracle: the course's dense loop
-from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 from minillm.testing import varied_random_model
 
@@ -212,11 +211,6 @@ def test_slot_mapping_matches_the_library():
 
 # -- the engine with your parts ---------------------------------------------------------
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
-SYSTEM = list(range(10, 34))  # six blocks of 4 shared by the prompts
-PROMPTS = [SYSTEM + [1, 2, 3], SYSTEM + [4, 5], [40, 41, 42, 43, 44], SYSTEM + [6] * 7]
-PARAMS = SamplingParams(max_tokens=8)
 
 
 @pytest.fixture(scope="module")
