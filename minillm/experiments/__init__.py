@@ -3,7 +3,9 @@
 * :mod:`.workload` — request traces (real prompts, Poisson arrivals, long-tailed lengths)
   and replaying one in real time against an engine;
 * :mod:`.decode` — the decode-speed table (``minillm bench``, ``benchmarks/decode.py``);
-* :mod:`.capstone` — chapter 15's techniques switched on one at a time on one trace.
+* :mod:`.capstone` — chapter 15's techniques switched on one at a time on one trace;
+* :mod:`.verification` — r(n), the cost of verifying n tokens of one sequence
+  (``benchmarks/verification_cost.py``).
 
 They sit above every other layer of the library (they use the engine, the clients and
 the quantizers as a user would) and nothing in the library imports them.
