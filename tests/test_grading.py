@@ -9,7 +9,13 @@ import pytest
 
 from minillm.grading import load_impl
 from minillm.grading.exercises import make_exercise
-from minillm.grading.grade import mutant_summary, run_graded_tests, run_mutants, score_table
+from minillm.grading.grade import (
+    merge_mutant_reports,
+    mutant_summary,
+    run_graded_tests,
+    run_mutants,
+    score_table,
+)
 from minillm.grading.mutants import find_mutants, graded_module, mutant_function
 
 SOLUTION = textwrap.dedent('''
@@ -222,3 +228,13 @@ def test_a_module_s_tests_and_mutants_may_be_split_into_parts(tmp_path):
         'def mask_2_4__first(w):\n    """Again."""\n    return w\n')
     with pytest.raises(ValueError, match="also in"):
         find_mutants("ch09_sparsity", tmp_path)
+
+
+def test_a_mutant_killed_in_one_part_stays_killed_whatever_the_other_worker_reports():
+    """Two workers run two parts of one module's tests: the part that kills the mutant
+    must win, whichever report comes last (a plain dict update let the survivor's win)."""
+    killed = {"ch16_structured.determinize__x": {"tests": 3, "killed_by": "test_a"}}
+    passed = {"ch16_structured.determinize__x": {"tests": 1, "killed_by": None}}
+    for reports in ([killed, passed], [passed, killed]):
+        assert merge_mutant_reports(reports) == {
+            "ch16_structured.determinize__x": {"tests": 4, "killed_by": "test_a"}}

@@ -125,13 +125,26 @@ def run_mutants(chapter: str | None = None, workers: int | None = None, timeout:
         return _run_pytest(share, options, "mutant", "solutions", timeout, root,
                            exit_codes=(0, 1, 5))  # passed, failed, or no test to run
 
-    reports = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for report in pool.map(run_share, [files[i::workers] for i in range(workers)]):
-            reports.update(report)
+        reports = merge_mutant_reports(
+            pool.map(run_share, [files[i::workers] for i in range(workers)]))
     return [{"module": m.module, "name": m.name, "exercise": m.exercise, "mistake": m.mistake,
              **reports.get(f"{m.module}.{m.name}", {"tests": 0, "killed_by": None})}
             for m in mutants]
+
+
+def merge_mutant_reports(reports) -> dict:
+    """One result per mutant from the workers' reports. A module's graded tests may be
+    split into parts (``test_<module>__<part>.py``) that different workers run, so one
+    mutant can appear in several reports: its tests add up, and it is killed if any part
+    killed it."""
+    merged: dict[str, dict] = {}
+    for report in reports:
+        for key, result in report.items():
+            total = merged.setdefault(key, {"tests": 0, "killed_by": None})
+            total["tests"] += result["tests"]
+            total["killed_by"] = total["killed_by"] or result["killed_by"]
+    return merged
 
 
 def mutant_summary(results: list[dict], exercises: list[str]) -> tuple[list[str], bool]:
