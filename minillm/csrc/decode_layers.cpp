@@ -37,6 +37,13 @@ Int8Weights int8_weights(const torch::Tensor& codes, const torch::Tensor& scales
 Int4Weights int4_weights(const torch::Tensor& codes, const torch::Tensor& scales,
                          const torch::Tensor& zeros);  // w4a8_linear.cpp
 PagedPool paged_pool(const torch::Tensor& keys, const torch::Tensor& values);  // paged_attention.cpp
+PagedPool paged_pool(const torch::Tensor& keys, const torch::Tensor& values,
+                     const torch::Tensor& key_scales, const torch::Tensor& value_scales);
+torch::Tensor paged_decode_read(const torch::Tensor& q, const torch::Tensor& key_pool,
+                                const torch::Tensor& value_pool,
+                                const std::vector<torch::Tensor>& scales,
+                                const torch::Tensor& block_tables,
+                                const torch::Tensor& context_lens);  // paged_attention.cpp
 
 namespace {
 
@@ -160,7 +167,8 @@ class DecodeLayers {
   // x [rows, hidden] float32, one row per sequence, updated in place; cos, sin [rows,
   // head_dim]: each row's RoPE angles; slots [rows] (-1: a padding row, writes nothing);
   // block_tables [rows, width]; context_lens [rows] (the new token included); one key and
-  // one value pool per block. `reduce_attention`, `reduce_mlp`: None, or a function called
+  // one value pool per block, and for an int8 pool one key and one value scale tensor per
+  // block (none for float32 pools). `reduce_attention`, `reduce_mlp`: None, or a function called
   // with each block's partial attention (MLP) output [rows, hidden] before it is added (a
   // tensor-parallel all-reduce, in place). Returns the logits [rows, vocab] with a head,
   // else x.
@@ -168,6 +176,8 @@ class DecodeLayers {
                      const torch::Tensor& slots, const torch::Tensor& block_tables,
                      const torch::Tensor& context_lens, const std::vector<torch::Tensor>& key_pools,
                      const std::vector<torch::Tensor>& value_pools,
+                     const std::vector<torch::Tensor>& key_scales,
+                     const std::vector<torch::Tensor>& value_scales,
                      pybind11::object reduce_attention, pybind11::object reduce_mlp) {
     const int64_t rows = x.size(0), hidden = x.size(1), q_size = heads_ * head_dim_,
                   kv_size = kv_heads_ * head_dim_, qkv_size = q_size + 2 * kv_size;
@@ -175,6 +185,9 @@ class DecodeLayers {
                 "x: contiguous float32 [rows, hidden]");
     TORCH_CHECK(key_pools.size() == blocks_.size() && value_pools.size() == blocks_.size(),
                 "one key and one value pool per block");
+    TORCH_CHECK(key_scales.size() == value_scales.size() &&
+                (key_scales.empty() || key_scales.size() == blocks_.size()),
+                "no scales (float32 pools) or one key and one value scale tensor per block");
     TORCH_CHECK(slots.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong &&
                 context_lens.scalar_type() == torch::kLong, "slots, tables and lengths: int64");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == rows,
@@ -188,7 +201,9 @@ class DecodeLayers {
     float* h = floats(x);
     for (size_t l = 0; l < blocks_.size(); ++l) {
       const auto& w = weights_[l];
-      const PagedPool pool = paged_pool(key_pools[l], value_pools[l]);
+      const PagedPool pool = key_scales.empty()
+          ? paged_pool(key_pools[l], value_pools[l])
+          : paged_pool(key_pools[l], value_pools[l], key_scales[l], value_scales[l]);
       // Attention: project, rotate, write K and V into the pool, attend, project back.
       for (int64_t r = 0; r < rows; ++r)
         rms_norm(h + r * hidden, floats(blocks_[l][0][0][0]), hidden, eps_, &normed[r * hidden]);
@@ -246,6 +261,7 @@ std::map<std::string, std::string> vector_paths() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_paths", &vector_paths);
+  m.def("paged_decode_read", &minillm::paged_decode_read);
   pybind11::class_<minillm::DecodeLayers>(m, "DecodeLayers")
       .def(pybind11::init<std::vector<minillm::DecodeLayers::Parts>,
                           minillm::DecodeLayers::Parts, double, int64_t, int64_t, int64_t>())

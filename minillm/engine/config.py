@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..attention.kv_quant import kv_cache_dtype_of
 from ..attention.paged import slot_mapping as default_slot_mapping
 from ..model import Transformer
 from ..parallel.tensor import ParallelLayers, ShardWeight
@@ -43,7 +44,9 @@ class EngineConfig:
     one built from the sizes), ``slot_mapping``, ``decode_attention``, ``verifier``,
     ``shard_weight``, ``parallel_layers`` (a module or namespace of tensor-parallel layers,
     :class:`~minillm.parallel.tensor.ParallelLayers`, that every rank builds its model from;
-    they run in the eager executor)."""
+    they run in the eager executor). ``kv_cache_dtype``: how the paged pool stores keys and
+    values, float32 (None) or int8 (a scale per token and KV head,
+    :mod:`minillm.attention.kv_quant`): 3.8x the tokens in the same bytes."""
 
     block_size: int = 16
     num_blocks: int = 1024
@@ -59,11 +62,16 @@ class EngineConfig:
     block_manager: BlockManager | None = None
     slot_mapping: SlotMapping = default_slot_mapping
     decode_attention: DecodeAttention | None = None
+    kv_cache_dtype: str | None = None
     verifier: Verifier | None = None
     shard_weight: ShardWeight | None = None
     parallel_layers: ParallelLayers | None = None
 
     def __post_init__(self):
+        self.kv_cache_dtype = kv_cache_dtype_of(self.kv_cache_dtype)
+        if self.kv_cache_dtype != "float32" and self.decode_attention is not None:
+            raise ValueError("decode_attention= reads a float32 pool: leave kv_cache_dtype "
+                             "at None to run it")
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got "
                              f"{self.executor!r}")

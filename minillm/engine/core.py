@@ -84,10 +84,12 @@ class EngineCore:
                 config.slot_mapping, shard_attention=config.shard_attention,
                 shard=config.shard_weight, layers=config.parallel_layers,
                 worker_timeout=config.worker_timeout,
-                executor=config.executor, sampler=sampler)
+                executor=config.executor, sampler=sampler,
+                kv_cache_dtype=config.kv_cache_dtype)
         model = model if isinstance(model, Transformer) else load_model(model)
         return ModelRunner(model, blocks.num_blocks, blocks.block_size, config.slot_mapping,
-                           config.executor, sampler, config.decode_attention)
+                           config.executor, sampler, config.decode_attention,
+                           config.kv_cache_dtype)
 
     def _proposer(self) -> DraftModelProposer | PromptLookupProposer | None:
         """Who guesses for speculation: the draft model (its own paged pool, this engine's

@@ -2,6 +2,11 @@
 
     keys[layer], values[layer]: [num_blocks, block_size, kv_heads, head_dim]
 
+and, with ``kv_cache_dtype="int8"`` (:mod:`minillm.attention.kv_quant`), those hold int8
+codes and ``key_scales[layer]``, ``value_scales[layer]``: [num_blocks, block_size,
+kv_heads] their float32 scales, one per (token, KV head); the new tokens are rounded as
+they are written and the blocks dequantized as they are gathered.
+
 Each layer's pool is a tensor of its own: a compiled step that writes into one layer of a
 stacked [layers, ...] tensor would copy the whole stack at every layer.
 
@@ -35,6 +40,7 @@ from functools import cached_property
 
 import torch
 
+from ..attention.kv_quant import gather_int8, kv_cache_dtype_of, write_int8
 from ..attention.paged import gather_kv, write_kv
 from ..config import ModelConfig
 
@@ -73,32 +79,68 @@ class AttentionMetadata:
 class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 decode_attention: DecodeAttention | None = None):
+                 decode_attention: DecodeAttention | None = None,
+                 kv_cache_dtype: str | None = None):
         """``decode_attention``: a function that computes every sequence's attention (the
         decodes, speculative verifications and prefill chunks of a step, in one call) by
         reading the pool through the block tables (the learner's, chapter 12), instead of
-        gathering the blocks for the attention backend."""
+        gathering the blocks for the attention backend; it reads float pools only.
+        ``kv_cache_dtype``: float32 (None: the model's ``dtype``) or int8."""
+        self.kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
+        if self.quantized and decode_attention is not None:
+            raise ValueError("decode_attention= reads a float pool: leave kv_cache_dtype at "
+                             "None (float32) to run it")
         self.decode_attention = decode_attention
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device)
-                     for _ in range(config.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device)
-                       for _ in range(config.num_layers)]
+        stored = torch.int8 if self.quantized else dtype
+        self.keys, self.values = ([torch.zeros(shape, dtype=stored, device=device)
+                                   for _ in range(config.num_layers)] for _ in range(2))
+        scales = shape[:3] if self.quantized else None
+        self.key_scales, self.value_scales = ([torch.zeros(scales, device=device)
+                                               for _ in range(config.num_layers)]
+                                              if scales else [] for _ in range(2))
         self.num_blocks, self.block_size = num_blocks, block_size
 
+    @property
+    def quantized(self) -> bool:
+        return self.kv_cache_dtype != "float32"
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the pool (indexed by block first)."""
+        return [*self.keys, *self.values, *self.key_scales, *self.value_scales]
+
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (*self.keys, *self.values))
+        return sum(t.nbytes for t in self.tensors())
 
     def bytes_per_block(self) -> int:
         return self.nbytes() // self.num_blocks
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: give each destination block the source block's keys and values."""
+        """Copy-on-write: give each destination block the source block's keys and values
+        (and their scales)."""
         if copies:
             source, destination = (torch.tensor(ids, device=self.keys[0].device)
                                    for ids in zip(*copies, strict=True))
-            for pool in (*self.keys, *self.values):
+            for pool in self.tensors():
                 pool[destination] = pool[source]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store new keys and values [tokens, kv_heads, head_dim] at their slots."""
+        if self.quantized:
+            write_int8(self.keys[layer], self.key_scales[layer], k, slots)
+            write_int8(self.values[layer], self.value_scales[layer], v, slots)
+        else:
+            write_kv(self.keys[layer], self.values[layer], k, v, slots)
+
+    def gather(self, layer: int, block_tables: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of each sequence's blocks, in order, as floats: [seqs, kv_heads,
+        max_blocks * block_size, head_dim] each."""
+        if self.quantized:
+            return (gather_int8(self.keys[layer], self.key_scales[layer], block_tables),
+                    gather_int8(self.values[layer], self.value_scales[layer], block_tables))
+        return (gather_kv(self.keys[layer], block_tables),
+                gather_kv(self.values[layer], block_tables))
 
     def bind(self, metadata: AttentionMetadata) -> PagedAttention:
         """The pool as one forward pass sees it: with that pass's metadata."""
@@ -116,51 +158,48 @@ class PagedAttention:
                mask=None, backend=None) -> torch.Tensor:
         """q [1, heads, tokens, head_dim], k/v [1, kv_heads, tokens, head_dim] of the flat
         batch; returns the attention output like q, computed by ``backend``."""
-        meta = self.metadata
-        key_pool, value_pool = self.cache.keys[layer], self.cache.values[layer]
-        write_kv(key_pool, value_pool, k[0].transpose(0, 1), v[0].transpose(0, 1),
-                 meta.slot_mapping)
+        meta, cache = self.metadata, self.cache
+        cache.write(layer, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
         q = q[0].transpose(0, 1)  # [tokens, heads, head_dim]
         out = torch.empty_like(q)
-        if self.cache.decode_attention is not None:  # the learner's, for every sequence
-            out = self.cache.decode_attention(q, key_pool, value_pool,
-                                              meta.block_tables.tolist(),
-                                              list(meta.query_lens),
-                                              meta.context_lens.tolist())
+        if cache.decode_attention is not None:  # the learner's, for every sequence
+            out = cache.decode_attention(q, cache.keys[layer], cache.values[layer],
+                                         meta.block_tables.tolist(), list(meta.query_lens),
+                                         meta.context_lens.tolist())
             return out.transpose(0, 1)[None]
         decodes = meta.num_decodes
         if decodes:
-            out[:decodes] = _attend_decodes(q[:decodes], key_pool, value_pool,
+            out[:decodes] = _attend_decodes(q[:decodes], cache, layer,
                                             meta.block_tables[:decodes],
                                             meta.context_lens[:decodes], backend)
         for s, start, n, length in meta.chunks:
             chunk = q[start:start + n].transpose(0, 1)[None]
-            out[start:start + n] = _attend_chunk(chunk, key_pool, value_pool,
+            out[start:start + n] = _attend_chunk(chunk, cache, layer,
                                                  meta.block_tables[s:s + 1], length,
                                                  backend)[0].transpose(0, 1)
         return out.transpose(0, 1)[None]
 
 
-def _attend_decodes(q: torch.Tensor, key_pool, value_pool, block_tables, context_lens,
-                    backend) -> torch.Tensor:
+def _attend_decodes(q: torch.Tensor, cache: PagedKVCache, layer: int, block_tables,
+                    context_lens, backend) -> torch.Tensor:
     """One query per sequence, q [seqs, heads, head_dim], over its gathered blocks, keys
     past its length masked; -> [seqs, heads, head_dim]."""
-    if q.is_cuda:
+    if q.is_cuda and not cache.quantized:
         from ..kernels.paged_attention import paged_decode_attention  # Triton: on a GPU only
 
-        return paged_decode_attention(q, key_pool, value_pool, block_tables, context_lens)
-    keys, values = gather_kv(key_pool, block_tables), gather_kv(value_pool, block_tables)
+        return paged_decode_attention(q, cache.keys[layer], cache.values[layer], block_tables,
+                                      context_lens)
+    keys, values = cache.gather(layer, block_tables)
     visible = torch.arange(keys.shape[2], device=q.device) < context_lens[:, None]
     return backend(q[:, :, None], keys.to(q.dtype), values.to(q.dtype),
                    visible[:, None, None])[:, :, 0]
 
 
-def _attend_chunk(q: torch.Tensor, key_pool, value_pool, block_table, length: int,
-                  backend) -> torch.Tensor:
+def _attend_chunk(q: torch.Tensor, cache: PagedKVCache, layer: int, block_table,
+                  length: int, backend) -> torch.Tensor:
     """A sequence's last n tokens' queries [1, heads, n, head_dim] over its first
     ``length`` cached tokens: causal, aligned to the end of the keys."""
-    keys = gather_kv(key_pool, block_table)[:, :, :length]
-    values = gather_kv(value_pool, block_table)[:, :, :length]
+    keys, values = (t[:, :, :length] for t in cache.gather(layer, block_table))
     n = q.shape[2]
     query_steps = torch.arange(length - n, length, device=q.device)
     causal = torch.arange(length, device=q.device)[None] <= query_steps[:, None]

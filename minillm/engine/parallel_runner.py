@@ -91,7 +91,7 @@ class TensorParallelRunner(ModelRunner):
                  slot_mapping: SlotMapping, *, shard_attention: bool = True,
                  shard: ShardWeight | None = None, layers: ParallelLayers | None = None,
                  worker_timeout: float = 60.0, executor: str = "auto",
-                 sampler: Sampler | None = None):
+                 sampler: Sampler | None = None, kv_cache_dtype: str = "float32"):
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group; close "
                                "the other engine (llm.close()) first")
@@ -107,17 +107,19 @@ class TensorParallelRunner(ModelRunner):
             if dist.get_rank() != 0:  # torchrun's other ranks serve rank 0, then end
                 serve_rank(load_rank_model(checkpoint, dist.get_rank(), world,
                                            shard_attention, shard, layers),
-                           num_blocks, block_size, executor, worker_timeout)
+                           num_blocks, block_size, executor, worker_timeout,
+                           kv_cache_dtype=kv_cache_dtype)
                 raise SystemExit(0)
         else:
             store = f"127.0.0.1:{free_port()}"
             self.workers = _start_workers(store, world, worker_timeout, checkpoint,
                                           shard_attention, shard, layers, num_blocks,
-                                          block_size, executor)
+                                          block_size, executor, kv_cache_dtype)
             meeting = self._starting(lambda: join_group_at(store, 0, world))
         share_cores(world)
         model = load_rank_model(checkpoint, 0, world, shard_attention, shard, layers)
-        super().__init__(model, num_blocks, block_size, slot_mapping, executor, sampler)
+        super().__init__(model, num_blocks, block_size, slot_mapping, executor, sampler,
+                         kv_cache_dtype=kv_cache_dtype)
         if self.workers:
             self._starting(lambda: self._wait_for_workers_loaded(meeting))
         self._starting(wait_for_every_rank)
@@ -227,11 +229,12 @@ class TensorParallelRunner(ModelRunner):
 def _start_workers(store: str, world: int, timeout: float, checkpoint: str,
                    shard_attention: bool, shard: ShardWeight | None,
                    layers: ParallelLayers | None, num_blocks: int, block_size: int,
-                   executor: str) -> list[subprocess.Popen]:
+                   executor: str, kv_cache_dtype: str) -> list[subprocess.Popen]:
     """Ranks 1 .. world - 1 as ``python -m minillm.engine.worker`` processes."""
     options = [f"--world={world}", f"--store={store}", f"--timeout={timeout}",
                f"--checkpoint={checkpoint}", f"--num-blocks={num_blocks}",
-               f"--block-size={block_size}", f"--executor={executor}"]
+               f"--block-size={block_size}", f"--executor={executor}",
+               f"--kv-cache-dtype={kv_cache_dtype}"]
     if not shard_attention:
         options.append("--replicate-attention")
     if shard is not None:

@@ -42,13 +42,16 @@ def loaded_key(rank: int) -> str:
 
 
 def serve_rank(model: Transformer, num_blocks: int, block_size: int, executor: str,
-               timeout: float, meeting: dist.Store | None = None) -> None:
+               timeout: float, meeting: dist.Store | None = None,
+               kv_cache_dtype: str = "float32") -> None:
     """Be a worker rank (group joined, model loaded): build the runner (its executors may
     compile kernels), say so in rank 0's store ``meeting`` if it started this process,
     pass the loading barrier, then, each collective timing out after ``timeout`` seconds,
-    run every forward pass rank 0 broadcasts, until it sends None."""
+    run every forward pass rank 0 broadcasts, until it sends None. Its pool, of
+    ``kv_cache_dtype``, holds its own KV heads."""
     try:
-        runner = ModelRunner(model, num_blocks, block_size, executor=executor)
+        runner = ModelRunner(model, num_blocks, block_size, executor=executor,
+                             kv_cache_dtype=kv_cache_dtype)
         if meeting is not None:
             meeting.set(loaded_key(dist.get_rank()), "yes")
         wait_for_every_rank()

@@ -56,7 +56,8 @@ class ModelRunner:
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  slot_mapping: SlotMapping = slot_mapping, executor: str = "auto",
                  sampler: Sampler | None = None,
-                 decode_attention: DecodeAttention | None = None):
+                 decode_attention: DecodeAttention | None = None,
+                 kv_cache_dtype: str | None = None):
         """``slot_mapping(block_table, start, count, block_size)``: the pool slots of a
         sequence's tokens ``start .. start + count - 1``. ``executor``: auto, eager,
         compiled or native (:mod:`.executors`). ``sampler``: how each step's tokens are
@@ -64,17 +65,18 @@ class ModelRunner:
         ``decode_attention``: every sequence's attention (decodes, speculative
         verifications, prefill chunks) read through the block tables
         (:class:`~.paged_cache.PagedKVCache`); it runs in eager steps only, so every step
-        is then eager."""
+        is then eager. ``kv_cache_dtype``: float32 (None) or int8, how the pool stores keys
+        and values (:mod:`minillm.attention.kv_quant`)."""
         if decode_attention is not None:
             if executor not in ("auto", "eager"):
                 raise ValueError(f"decode_attention= runs in eager steps, not the {executor} "
                                  "executor's: leave executor='auto' (or 'eager')")
             executor = "eager"
-        executor = resolve_executor(model, executor)
+        executor = resolve_executor(model, executor, kv_cache_dtype)
         self.model = prepare_model(model, Plan(executor=executor))
         self.slot_mapping = slot_mapping
         self.cache = PagedKVCache(self.model.config, num_blocks, block_size, self.model.dtype,
-                                  self.model.device, decode_attention)
+                                  self.model.device, decode_attention, kv_cache_dtype)
         self.executors = make_executors(self.model, self.cache, executor)
         self.sampler = sampler or Sampler()
 

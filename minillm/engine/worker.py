@@ -39,13 +39,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-blocks", type=int, required=True)
     parser.add_argument("--block-size", type=int, required=True)
     parser.add_argument("--executor", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="float32")
     args = parser.parse_args(argv)
     meeting = join_group_at(args.store, args.rank, args.world)
     share_cores(args.world)
     model = load_rank_model(args.checkpoint, args.rank, args.world,
                             not args.replicate_attention, shard_function(args.shard),
                             parallel_layers(args.layers))
-    serve_rank(model, args.num_blocks, args.block_size, args.executor, args.timeout, meeting)
+    serve_rank(model, args.num_blocks, args.block_size, args.executor, args.timeout, meeting,
+               args.kv_cache_dtype)
 
 
 if __name__ == "__main__":

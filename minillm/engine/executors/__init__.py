@@ -14,7 +14,9 @@
 
 ``executor="auto"`` takes the fastest the model allows (native, else compiled for the
 weight-only formats, else eager), and eager alone when the model's attention backend is
-not the default: a learner's attention then runs in every step.
+not the default: a learner's attention then runs in every step. An int8 KV cache
+(``kv_cache_dtype="int8"``) is read by the native and eager executors, not the compiled
+one (its attention op takes float32 pools): ``auto`` then skips it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from ...attention.kv_quant import kv_cache_dtype_of
 from ...model import Transformer
 from ..paged_cache import AttentionMetadata, PagedKVCache
 from .batch import FlatBatch
@@ -42,13 +45,20 @@ class Executor(Protocol):
     def __call__(self, batch: FlatBatch) -> torch.Tensor: ...
 
 
-def resolve_executor(model: Transformer, choice: str = "auto") -> str:
-    """The decode executor for ``model``: ``choice``, with auto resolved
-    (:func:`auto_executor`); a choice the model cannot run is refused with the reason."""
+def resolve_executor(model: Transformer, choice: str = "auto",
+                     kv_cache_dtype: str | None = None) -> str:
+    """The decode executor for ``model`` over a KV cache of ``kv_cache_dtype``: ``choice``,
+    with auto resolved (:func:`auto_executor`); a choice the model cannot run is refused
+    with the reason."""
     if choice not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {choice!r}")
+    quantized = kv_cache_dtype_of(kv_cache_dtype) != "float32"
     if choice == "auto":
-        return auto_executor(model)
+        picked = auto_executor(model)
+        return "eager" if quantized and picked == "compiled" else picked
+    if choice == "compiled" and quantized:
+        raise ValueError(f"the compiled executor reads float32 KV pools, not "
+                         f"{kv_cache_dtype}: use executor='auto', 'native' or 'eager'")
     if choice in FAST and (reason := FAST[choice][1](model)) is not None:
         raise ValueError(f"the {choice} executor cannot run this model: {reason}; use "
                          "executor='auto' or 'eager'")

@@ -123,6 +123,9 @@ class CompiledExecutor:
     def __init__(self, model: Transformer, cache: PagedKVCache):
         if (problem := compile_problem(model)) is not None:
             raise ValueError(f"no compiled decode steps for this model: {problem}")
+        if cache.quantized:
+            raise ValueError(f"compiled decode steps read float32 KV pools, not "
+                             f"{cache.kv_cache_dtype}: use the native or eager executor")
         self.model, self.cache = model, cache
         config = model.config
         self.width = -(-config.max_position_embeddings // cache.block_size)

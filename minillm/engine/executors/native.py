@@ -23,7 +23,9 @@ vocabulary-parallel embedding and head stay in PyTorch.
 
 The numbers are float32 like the eager model's, summed in another order: logits agree to
 ~1e-5 relative (``tests/test_executors.py``); with int8 activations, as far as rounding a
-vector to int8 can move them.
+vector to int8 can move them. An int8 KV cache (:mod:`minillm.attention.kv_quant`) is
+written and read here too: the C++ step rounds each new head as the eager path does and
+dequantizes on the fly.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ class NativeExecutor:
         x = model.embed_tokens(batch.token_ids).float().contiguous()  # [tokens, hidden]
         out = self.layers.step(x, model.rope.cos[batch.positions], model.rope.sin[batch.positions],
                                meta.slot_mapping, tables, lengths, self.cache.keys,
-                               self.cache.values, *self.reduce)
+                               self.cache.values, self.cache.key_scales,
+                               self.cache.value_scales, *self.reduce)
         logits = out if self.head_in_cpp else model.head(out)
         return logits[batch.logits_at]  # not a 1-token prefill chunk's row
