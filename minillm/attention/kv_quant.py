@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 INT8_MAX = 127
-KV_CACHE_DTYPES = ("float32", "int8")
+KV_CACHE_DTYPES = ("float32", "int8", "int4")  # int4: minillm.attention.kv_int4
 
 
 def kv_cache_dtype_of(name: str | None) -> str:

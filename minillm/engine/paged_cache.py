@@ -5,7 +5,9 @@
 and, with ``kv_cache_dtype="int8"`` (:mod:`minillm.attention.kv_quant`), those hold int8
 codes and ``key_scales[layer]``, ``value_scales[layer]``: [num_blocks, block_size,
 kv_heads] their float32 scales, one per (token, KV head); the new tokens are rounded as
-they are written and the blocks dequantized as they are gathered.
+they are written and the blocks dequantized as they are gathered. ``kv_cache_dtype="int4"``
+is KIVI's rounding (keys per channel over a block, values per token), in an
+:class:`~.int4_cache.Int4Pool` with attention of its own (eager steps only).
 
 Each layer's pool is a tensor of its own: a compiled step that writes into one layer of a
 stacked [layers, ...] tensor would copy the whole stack at every layer.
@@ -43,6 +45,7 @@ import torch
 from ..attention.kv_quant import gather_int8, kv_cache_dtype_of, write_int8
 from ..attention.paged import gather_kv, write_kv
 from ..config import ModelConfig
+from .int4_cache import Int4Pool
 
 # (q [tokens, heads, head_dim], key_pool, value_pool, block_tables, query_lens, context_lens)
 # -> [tokens, heads, head_dim]: every sequence's last query_lens[s] tokens, causal, over its
@@ -85,12 +88,18 @@ class PagedKVCache:
         decodes, speculative verifications and prefill chunks of a step, in one call) by
         reading the pool through the block tables (the learner's, chapter 12), instead of
         gathering the blocks for the attention backend; it reads float pools only.
-        ``kv_cache_dtype``: float32 (None: the model's ``dtype``) or int8."""
+        ``kv_cache_dtype``: float32 (None: the model's ``dtype``), int8 or int4."""
         self.kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
         if self.quantized and decode_attention is not None:
             raise ValueError("decode_attention= reads a float pool: leave kv_cache_dtype at "
                              "None (float32) to run it")
         self.decode_attention = decode_attention
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.int4 = Int4Pool(config, num_blocks, block_size, device) \
+            if self.kv_cache_dtype == "int4" else None
+        if self.int4 is not None:
+            self.keys, self.values, self.key_scales, self.value_scales = [], [], [], []
+            return
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         stored = torch.int8 if self.quantized else dtype
         self.keys, self.values = ([torch.zeros(shape, dtype=stored, device=device)
@@ -99,7 +108,6 @@ class PagedKVCache:
         self.key_scales, self.value_scales = ([torch.zeros(scales, device=device)
                                                for _ in range(config.num_layers)]
                                               if scales else [] for _ in range(2))
-        self.num_blocks, self.block_size = num_blocks, block_size
 
     @property
     def quantized(self) -> bool:
@@ -107,6 +115,8 @@ class PagedKVCache:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the pool (indexed by block first)."""
+        if self.int4 is not None:
+            return self.int4.tensors()
         return [*self.keys, *self.values, *self.key_scales, *self.value_scales]
 
     def nbytes(self) -> int:
@@ -123,10 +133,14 @@ class PagedKVCache:
                                    for ids in zip(*copies, strict=True))
             for pool in self.tensors():
                 pool[destination] = pool[source]
+            if self.int4 is not None:
+                self.int4.copy_staging(copies)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Store new keys and values [tokens, kv_heads, head_dim] at their slots."""
-        if self.quantized:
+        if self.int4 is not None:
+            self.int4.write(layer, k, v, slots)
+        elif self.quantized:
             write_int8(self.keys[layer], self.key_scales[layer], k, slots)
             write_int8(self.values[layer], self.value_scales[layer], v, slots)
         else:
@@ -167,6 +181,8 @@ class PagedAttention:
                                          meta.block_tables.tolist(), list(meta.query_lens),
                                          meta.context_lens.tolist())
             return out.transpose(0, 1)[None]
+        if cache.int4 is not None:
+            return _attend_int4(q, cache.int4, layer, meta).transpose(0, 1)[None]
         decodes = meta.num_decodes
         if decodes:
             out[:decodes] = _attend_decodes(q[:decodes], cache, layer,
@@ -204,3 +220,21 @@ def _attend_chunk(q: torch.Tensor, cache: PagedKVCache, layer: int, block_table,
     query_steps = torch.arange(length - n, length, device=q.device)
     causal = torch.arange(length, device=q.device)[None] <= query_steps[:, None]
     return backend(q, keys.to(q.dtype), values.to(q.dtype), causal[None, None])
+
+
+def _attend_int4(q: torch.Tensor, pool: Int4Pool, layer: int,
+                 meta: AttentionMetadata) -> torch.Tensor:
+    """Every sequence's queries q [tokens, heads, head_dim] through the int4 pool's own
+    attention: the decodes together, each chunk on its own."""
+    out, decodes = torch.empty_like(q), meta.num_decodes
+    lengths = meta.context_lens
+    if decodes:
+        last = lengths[:decodes, None] - 1
+        out[:decodes] = pool.attend(layer, q[:decodes, :, None], meta.block_tables[:decodes],
+                                    last, last[:, 0].tolist())[:, :, 0]
+    for s, start, n, length in meta.chunks:
+        positions = torch.arange(length - n, length, device=q.device)[None]
+        chunk = q[start:start + n].transpose(0, 1)[None]
+        out[start:start + n] = pool.attend(layer, chunk, meta.block_tables[s:s + 1], positions,
+                                           [length - n])[0].transpose(0, 1)
+    return out

@@ -16,7 +16,8 @@
 weight-only formats, else eager), and eager alone when the model's attention backend is
 not the default: a learner's attention then runs in every step. An int8 KV cache
 (``kv_cache_dtype="int8"``) is read by the native and eager executors, not the compiled
-one (its attention op takes float32 pools): ``auto`` then skips it.
+one (its attention op takes float32 pools): ``auto`` then skips it. An int4 (KIVI) KV
+cache is read by the eager executor alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from .eager import EagerExecutor
 from .native import NativeExecutor, native_problem
 
 EXECUTORS = ("auto", "eager", "compiled", "native")
+KV_READERS = {"float32": ("eager", "compiled", "native"), "int8": ("eager", "native"),
+              "int4": ("eager",)}  # the executors that read each KV cache dtype
 FAST = {"native": (NativeExecutor, native_problem), "compiled": (CompiledExecutor, compile_problem)}
 
 
@@ -52,13 +55,14 @@ def resolve_executor(model: Transformer, choice: str = "auto",
     with the reason."""
     if choice not in EXECUTORS:
         raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {choice!r}")
-    quantized = kv_cache_dtype_of(kv_cache_dtype) != "float32"
+    readers = KV_READERS[kv_cache_dtype_of(kv_cache_dtype)]
     if choice == "auto":
         picked = auto_executor(model)
-        return "eager" if quantized and picked == "compiled" else picked
-    if choice == "compiled" and quantized:
-        raise ValueError(f"the compiled executor reads float32 KV pools, not "
-                         f"{kv_cache_dtype}: use executor='auto', 'native' or 'eager'")
+        return picked if picked in readers else "eager"
+    if choice not in readers:
+        raise ValueError(f"the {choice} executor cannot read a {kv_cache_dtype} KV cache "
+                         f"(its readers: {', '.join(readers)}): use executor='auto' or "
+                         "'eager'")
     if choice in FAST and (reason := FAST[choice][1](model)) is not None:
         raise ValueError(f"the {choice} executor cannot run this model: {reason}; use "
                          "executor='auto' or 'eager'")
