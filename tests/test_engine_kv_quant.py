@@ -1,7 +1,7 @@
-"""The engine with an int8 KV cache (``LLM(kv_cache_dtype="int8")``): every request's
-tokens equal the same request run alone under the same KV dtype, through prefix-cache
-hits, copy-on-write forks, preemption and speculation; the native step's int8 attention
-gives the eager path's logits; bad combinations are refused with the reason."""
+"""The engine with a quantized KV cache (``LLM(kv_cache_dtype="int8" or "int4")``): every
+request's tokens equal the same request run alone under the same KV dtype, through
+prefix-cache hits, copy-on-write forks, preemption and speculation; the native step's int8
+attention gives the eager path's logits; bad combinations are refused with the reason."""
 
 from __future__ import annotations
 
@@ -28,22 +28,25 @@ def model():
     return varied_random_model(ModelConfig(**TINY))
 
 
-def engine(model, executor="auto", **config) -> LLM:
+def engine(model, executor="auto", kv="int8", **config) -> LLM:
     blocks = config.pop("num_blocks", 64)
-    return LLM(model, block_size=4, num_blocks=blocks, kv_cache_dtype="int8",
+    return LLM(model, block_size=4, num_blocks=blocks, kv_cache_dtype=kv,
                executor=executor, scheduler=SchedulerConfig(**config))
 
 
-def alone(model, prompt, params=PARAMS, executor="auto") -> list[int]:
-    """The request run by itself (one sequence at a time), int8 KV too."""
-    return engine(model, executor, max_batch=1).generate([prompt], params,
-                                                         progress=False)[0].tokens
+def alone(model, prompt, params=PARAMS, executor="auto", kv="int8") -> list[int]:
+    """The request run by itself (one sequence at a time), under the same KV dtype."""
+    return engine(model, executor, kv, max_batch=1).generate([prompt], params,
+                                                             progress=False)[0].tokens
+
+
+CASES = [("int8", "eager"), ("int8", "auto"), ("int4", "auto")]  # int4: eager steps only
 
 
 @pytest.fixture(scope="module")
 def expected(model):
-    return {executor: [alone(model, p, executor=executor) for p in PROMPTS]
-            for executor in ("eager", "auto")}
+    return {(kv, executor): [alone(model, p, executor=executor, kv=kv) for p in PROMPTS]
+            for kv, executor in CASES}
 
 
 CONFIGS = {
@@ -54,31 +57,36 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("executor", ["eager", "auto"])
+@pytest.mark.parametrize("kv, executor", CASES)
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_int8_kv_tokens_equal_each_request_alone(model, expected, executor, config):
-    llm = engine(model, executor, **config)
+def test_quantized_kv_tokens_equal_each_request_alone(model, expected, kv, executor, config):
+    llm = engine(model, executor, kv, **config)
     outputs = llm.generate(PROMPTS, PARAMS, progress=False)
-    assert [o.tokens for o in outputs] == expected[executor]
+    assert [o.tokens for o in outputs] == expected[kv, executor]
     assert llm.free_blocks() == llm.blocks.num_blocks
 
 
-def test_prefix_hits_and_forks_share_int8_blocks_and_change_nothing(model):
+@pytest.mark.parametrize("kv", ["int8", "int4"])
+def test_prefix_hits_and_forks_share_quantized_blocks_and_change_nothing(model, kv):
     system = list(range(100, 140))
     prompts = [system + [i, i + 1] for i in range(3)]
-    llm = engine(model, max_batch=1)
+    llm = engine(model, kv=kv, max_batch=1)
     for prompt in prompts:  # one at a time: the later ones hit the cached system prompt
         assert llm.generate([prompt], PARAMS, progress=False)[0].tokens == \
-            alone(model, prompt)
+            alone(model, prompt, kv=kv)
     forks = llm.generate([prompts[0]], SamplingParams(max_tokens=9, n=2), progress=False)[0]
-    assert [s.tokens for s in forks.outputs] == [alone(model, prompts[0])[:9]] * 2
+    assert [s.tokens for s in forks.outputs] == [alone(model, prompts[0], kv=kv)[:9]] * 2
 
 
-def test_an_int8_pool_holds_3_8_times_the_tokens_per_byte(model):
-    floats = LLM(model, block_size=4, num_blocks=8).core.runner.cache
-    int8 = engine(model, num_blocks=8).core.runner.cache
-    head_dim = model.config.head_dim
-    assert floats.bytes_per_block() / int8.bytes_per_block() == 4 * head_dim / (head_dim + 4)
+def test_quantized_pools_hold_more_tokens_per_byte(model):
+    """Per token and KV head: float32 4d bytes; int8 d + 4 (a scale); int4 d / 2 codes and
+    8 (a value scale and minimum) for values, d / 2 and 8d / block_size for keys."""
+    bytes_per_block = {kv: engine(model, kv=kv, num_blocks=8).core.runner.cache
+                       .bytes_per_block() for kv in ("float32", "int8", "int4")}
+    d, heads = model.config.head_dim, model.config.num_kv_heads * model.config.num_layers
+    assert bytes_per_block["float32"] == 4 * heads * 2 * 4 * d
+    assert bytes_per_block["int8"] == 4 * heads * 2 * (d + 4)
+    assert bytes_per_block["int4"] == heads * (4 * (d // 2 + 8) + 4 * d // 2 + 8 * d)
 
 
 def batch_of(work, block_size=4):
@@ -108,8 +116,11 @@ def test_native_int8_decode_gives_the_eager_logits(model):
 
 
 def test_quantized_kv_refuses_what_cannot_read_it(model):
-    with pytest.raises(ValueError, match="compiled executor reads float32 KV pools"):
+    with pytest.raises(ValueError, match="compiled executor cannot read a int8 KV cache"):
         resolve_executor(model, "compiled", "int8")
+    with pytest.raises(ValueError, match="native executor cannot read a int4 KV cache"):
+        resolve_executor(model, "native", "int4")
+    assert resolve_executor(model, "auto", "int4") == "eager"
     with pytest.raises(ValueError, match="decode_attention= reads a float32 pool"):
         LLM(model, kv_cache_dtype="int8", decode_attention=lambda *args: None)
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
