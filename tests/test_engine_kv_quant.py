@@ -74,7 +74,8 @@ def test_prefix_hits_and_forks_share_quantized_blocks_and_change_nothing(model, 
     for prompt in prompts:  # one at a time: the later ones hit the cached system prompt
         assert llm.generate([prompt], PARAMS, progress=False)[0].tokens == \
             alone(model, prompt, kv=kv)
-    forks = llm.generate([prompts[0]], SamplingParams(max_tokens=9, n=2), progress=False)[0]
+    forks = engine(model, kv=kv, max_batch=2).generate(
+        [prompts[0]], SamplingParams(max_tokens=9, n=2), progress=False)[0]
     assert [s.tokens for s in forks.outputs] == [alone(model, prompts[0], kv=kv)[:9]] * 2
 
 
@@ -99,7 +100,7 @@ def test_native_int8_decode_gives_the_eager_logits(model):
     eager, from the same int8 pool."""
     runner = ModelRunner(model, 32, 4, executor="native", kv_cache_dtype="int8")
     native, eager = runner.executors
-    tables = [[0, 1], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
+    tables = [[0, 1], list(range(2, 13)), [13, 14, 15, 16]]
     prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[4]]
     runner.forward(batch_of([SequenceWork(p, 0, t, 1) for p, t in
                              zip(prompts, tables, strict=True)]), eager)
