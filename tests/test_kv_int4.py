@@ -47,7 +47,7 @@ def test_packing_two_codes_a_byte_is_undone():
 def reference_attention(q, k, v, positions, block_size):
     """float64: each query (position p) over keys 0..p, block i < p // block_size rounded
     per channel, its own block as given, values rounded per token."""
-    k64, v64 = k.double(), v.double()
+    k64 = k.double()
     rounded = k64.clone()
     for begin in range(0, len(k), block_size):
         if begin + block_size <= len(k):
