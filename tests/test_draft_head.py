@@ -11,8 +11,7 @@ import torch
 from minillm.config import ModelConfig
 from minillm.draft_head import DraftHead, load_head, save_head
 from minillm.draft_head.features import teacher_answers
-from minillm.draft_head.train import (TrainConfig, evaluate, make_batch, train_head,
-                                      unrolled_mask)
+from minillm.draft_head.train import TrainConfig, evaluate, make_batch, train_head, unrolled_mask
 from minillm.draft_head.vocab import coverage, frequent_tokens, token_counts
 from minillm.sampling import SamplingParams
 from minillm.testing import TINY, varied_random_model

@@ -12,7 +12,8 @@ batch runs ``depth`` unrolled passes over each answer:
   at position t - s + j for j = 2..s (the chain of guesses before it).
 
 The head's history starts at the answer's first token (the prompt's features are not
-read: the engine's runner returns features at logits rows only, :mod:`minillm.engine.head_proposer`).
+read: the engine's runner returns features at logits rows only,
+:mod:`minillm.engine.head_proposer`).
 
 Loss: the forward KL from the target's next-token distribution restricted to the head's K
 tokens and renormalised, p_K = softmax(W_K · norm(f_t)), to the head's q, at every pass
