@@ -197,10 +197,16 @@ class Transformer(nn.Module):
         logits_at: the rows whose logits are wanted (each sequence's last token; None: all)
             -> [rows, vocab].
         """
+        x = self.final_hidden_flat(token_ids, positions, cache)
+        return self.head(x if logits_at is None else x[logits_at])
+
+    def final_hidden_flat(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                          cache) -> torch.Tensor:
+        """:meth:`forward_flat` up to the final norm: every token's last hidden state
+        [tokens, hidden] (what an EAGLE draft head reads: :mod:`minillm.draft_head`)."""
         x = self.embed_tokens(token_ids)[None]  # one "batch row" holding every token
         rope_cos, rope_sin = self.rope(positions[None])
-        x = self.run_layers(x, rope_cos, rope_sin, None, cache)[0]
-        return self.head(x if logits_at is None else x[logits_at])
+        return self.run_layers(x, rope_cos, rope_sin, None, cache)[0]
 
     def run_layers(self, x: torch.Tensor, rope_cos, rope_sin, mask, cache=None) -> torch.Tensor:
         """Every block in turn: the one place both forwards (and pipeline stages) share."""

@@ -33,14 +33,15 @@ COMMANDS = {  # name (the module in this package): the line ``minillm --help`` s
     "grade": "run the graded tests and print your score",
     "quantize": "compress a model's linear layers and save it",
     "distill": "distil a layer-dropped draft of a model and save it",
+    "train-draft-head": "train an EAGLE draft head on a model's own answers and save it",
     "serve": "an OpenAI-compatible HTTP server over the engine",
     "bench": "quick decode-speed comparison with Hugging Face",
 }
 
 
 def command_module(name: str) -> ModuleType:
-    """The module that implements command ``name``, imported now."""
-    return importlib.import_module(f"{__name__}.{name}")
+    """The module that implements command ``name`` (dashes as underscores), imported now."""
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
 
 
 def build_parser(commands: Iterable[str] = COMMANDS) -> argparse.ArgumentParser:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..attention.kv_quant import kv_cache_dtype_of
 from ..attention.paged import slot_mapping as default_slot_mapping
+from ..draft_head.head import DraftHead
 from ..model import Transformer
 from ..parallel.tensor import ParallelLayers, ShardWeight
 from ..structured.backend import XGrammarBackend
@@ -38,7 +40,9 @@ class EngineConfig:
     auto, eager, compiled or native (:mod:`.executors`). ``tensor_parallel_size`` > 1 runs
     the forward passes on that many processes (``shard_attention``, ``worker_timeout``:
     :mod:`.parallel_runner`). ``draft_model``: a smaller model guessing for speculation
-    (with ``scheduler.speculative_tokens`` >= 1). ``structured_backend`` builds the
+    (with ``scheduler.speculative_tokens`` >= 1); ``draft_head``: instead, an EAGLE head
+    over the target's hidden states (:mod:`minillm.draft_head`: a module or the directory
+    ``minillm train-draft-head`` wrote). ``structured_backend`` builds the
     constraint backend (chapter 16); ``jump_forward`` appends the tokens a grammar forces
     without a forward pass each. The seams: ``block_manager`` (an instance, used instead of
     one built from the sizes), ``slot_mapping``, ``decode_attention``, ``verifier``,
@@ -57,6 +61,7 @@ class EngineConfig:
     shard_attention: bool = True
     worker_timeout: float = 60.0
     draft_model: str | Transformer | None = None
+    draft_head: str | Path | DraftHead | None = None
     structured_backend: BackendFactory = XGrammarBackend
     jump_forward: bool = False
     block_manager: BlockManager | None = None
@@ -90,6 +95,22 @@ class EngineConfig:
         if self.draft_model is not None and self.scheduler.speculative_tokens < 1:
             raise ValueError("a draft model guesses for speculative decoding: give "
                              "SchedulerConfig(speculative_tokens=γ) with γ >= 1")
+        if self.draft_head is not None:
+            self._check_draft_head()
+
+    def _check_draft_head(self) -> None:
+        if self.scheduler.speculative_tokens < 1:
+            raise ValueError("a draft head guesses for speculative decoding: give "
+                             "SchedulerConfig(speculative_tokens=γ) with γ >= 1")
+        if self.draft_model is not None:
+            raise ValueError("give a draft_model or a draft_head, not both")
+        if self.tensor_parallel_size > 1:
+            raise ValueError("a draft head runs beside a target in one process: leave "
+                             "tensor_parallel_size at 1")
+        if self.executor == "compiled":
+            raise ValueError("a draft head reads the target's hidden states, which compiled "
+                             "decode graphs do not return: use executor='auto', 'native' or "
+                             "'eager'")
 
     def make_block_manager(self) -> BlockManager:
         return self.block_manager or BlockManager(self.num_blocks, self.block_size,

@@ -31,11 +31,14 @@ from dataclasses import replace
 
 from ..checkpoint import load_model, resolve_checkpoint
 from ..config import ModelConfig
+from ..draft_head.head import DraftHead
+from ..draft_head.storage import load_head
 from ..model import Transformer
 from ..sampling import SamplingParams, sample_seed
 from .config import EngineConfig
 from .deltas import Preemption, RequestDelta, StepReport, Work
 from .errors import EngineDeadError
+from .head_proposer import DraftHeadProposer
 from .parallel_runner import TensorParallelRunner
 from .proposers import DraftModelProposer, PromptLookupProposer
 from .runner import ModelRunner
@@ -89,12 +92,18 @@ class EngineCore:
         model = model if isinstance(model, Transformer) else load_model(model)
         return ModelRunner(model, blocks.num_blocks, blocks.block_size, config.slot_mapping,
                            config.executor, sampler, config.decode_attention,
-                           config.kv_cache_dtype)
+                           config.kv_cache_dtype,
+                           keep_hidden=config.draft_head is not None)
 
-    def _proposer(self) -> DraftModelProposer | PromptLookupProposer | None:
+    def _proposer(self) -> DraftModelProposer | DraftHeadProposer | PromptLookupProposer | None:
         """Who guesses for speculation: the draft model (its own paged pool, this engine's
-        block tables), or prompt lookup; None without speculation."""
+        block tables), a draft head (over the target's hidden states), or prompt lookup;
+        None without speculation."""
         config = self.config
+        if config.draft_head is not None:
+            head = config.draft_head if isinstance(config.draft_head, DraftHead) else \
+                load_head(config.draft_head)
+            return DraftHeadProposer(head, self.model)
         if config.draft_model is None:
             return PromptLookupProposer(config.scheduler.drafter) \
                 if config.scheduler.speculative_tokens else None
@@ -213,6 +222,8 @@ class EngineCore:
             if step.guesses:
                 drafts = self.proposer.propose(step)
             result = self.runner.run(step, drafts)
+            if result.hidden:
+                self.proposer.observe(result.hidden)
         except EngineDeadError as error:
             return self.stop(str(error))
         except Exception as error:  # noqa: BLE001 - the step's requests carry the error

@@ -15,7 +15,10 @@ It owns the model's paged KV cache, the executors and the sampler. For each step
    (:class:`~.sampler.Sampler`); a prefill chunk that does not reach the end of its prompt
    samples nothing.
 
-It returns what it computed (:class:`RunResult`) and changes no sequence.
+It returns what it computed (:class:`RunResult`) and changes no sequence. Built with
+``keep_hidden`` (an engine with an EAGLE draft head, :mod:`minillm.draft_head`), the
+result also holds the target's final hidden states at every sampling sequence's logits
+rows; compiled decode graphs do not return those, so such a runner does not use them.
 
 The model it runs is prepared for its executors once, when the runner is built
 (:func:`minillm.prepare.prepare_model`: e.g. the compiled executor's layout), so the model
@@ -27,7 +30,7 @@ each new token's keys and values go in the pool
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,17 +42,20 @@ from .executors.batch import FlatBatch, SequenceWork, SlotMapping, flat_batch
 from .paged_cache import DecodeAttention, PagedKVCache
 from .sampler import Sampled, Sampler
 from .sequence import Sequence
-from .step import Draft, Step
+from .step import NO_DRAFT, Draft, Step
 
 
 @dataclass(frozen=True)
 class RunResult:
     """What one step computed: each sequence's new tokens (:class:`~.sampler.Sampled`),
-    which executor ran the forward pass and how long that took."""
+    which executor ran the forward pass and how long that took; with ``keep_hidden``,
+    ``hidden``: sequence id -> (position of its first logits row, the target's final hidden
+    states at its logits rows [rows, hidden])."""
 
     sampled: dict[int, Sampled]
     executor: str
     forward_seconds: float
+    hidden: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -57,7 +63,7 @@ class ModelRunner:
                  slot_mapping: SlotMapping = slot_mapping, executor: str = "auto",
                  sampler: Sampler | None = None,
                  decode_attention: DecodeAttention | None = None,
-                 kv_cache_dtype: str | None = None):
+                 kv_cache_dtype: str | None = None, keep_hidden: bool = False):
         """``slot_mapping(block_table, start, count, block_size)``: the pool slots of a
         sequence's tokens ``start .. start + count - 1``. ``executor``: auto, eager,
         compiled or native (:mod:`.executors`). ``sampler``: how each step's tokens are
@@ -66,13 +72,21 @@ class ModelRunner:
         verifications, prefill chunks) read through the block tables
         (:class:`~.paged_cache.PagedKVCache`); it runs in eager steps only, so every step
         is then eager. ``kv_cache_dtype``: float32 (None) or int8, how the pool stores keys
-        and values (:mod:`minillm.attention.kv_quant`)."""
+        and values (:mod:`minillm.attention.kv_quant`). ``keep_hidden``: return the final
+        hidden states too (no compiled executor then)."""
         if decode_attention is not None:
             if executor not in ("auto", "eager"):
                 raise ValueError(f"decode_attention= runs in eager steps, not the {executor} "
                                  "executor's: leave executor='auto' (or 'eager')")
             executor = "eager"
+        if keep_hidden and executor == "compiled":
+            raise ValueError("a draft head reads the target's hidden states, which compiled "
+                             "decode graphs do not return: use executor='auto', 'native' or "
+                             "'eager'")
         executor = resolve_executor(model, executor, kv_cache_dtype)
+        if keep_hidden and executor == "compiled":
+            executor = "eager"  # auto's pick returns no hidden states
+        self.keep_hidden = keep_hidden
         self.model = prepare_model(model, Plan(executor=executor))
         self.slot_mapping = slot_mapping
         self.cache = PagedKVCache(self.model.config, num_blocks, block_size, self.model.dtype,
@@ -93,7 +107,21 @@ class ModelRunner:
         started = time.perf_counter()
         logits = self.forward(batch, executor)
         seconds = time.perf_counter() - started
-        return RunResult(self.sampler.sample(sampling, drafts, logits), executor.name, seconds)
+        hidden = self._hidden(batch, sampling, drafts, executor) if self.keep_hidden else {}
+        return RunResult(self.sampler.sample(sampling, drafts, logits), executor.name, seconds,
+                         hidden)
+
+    @staticmethod
+    def _hidden(batch: FlatBatch, sampling: list[Sequence], drafts: dict[int, Draft],
+                executor: Executor) -> dict[int, tuple[int, torch.Tensor]]:
+        """The executor's final hidden states, split by sequence like the logits rows."""
+        hidden, first = {}, 0
+        for seq in sampling:
+            rows = 1 + len(drafts.get(seq.id, NO_DRAFT).tokens)
+            position = int(batch.positions[batch.logits_at[first]])
+            hidden[seq.id] = (position, executor.last_hidden[first:first + rows])
+            first += rows
+        return hidden
 
     def prepare(self, step: Step, drafts: dict[int, Draft]
                 ) -> tuple[FlatBatch, list[Sequence]]:

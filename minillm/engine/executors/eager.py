@@ -11,16 +11,20 @@ from .batch import FlatBatch
 
 class EagerExecutor:
     """``model.forward_flat`` with the pool bound to the step's metadata: prefill chunks,
-    decodes and speculative verifications alike, through the model's attention backend."""
+    decodes and speculative verifications alike, through the model's attention backend.
+    ``last_hidden``: the final hidden states of the rows it returned logits for."""
 
     name = "eager"
 
     def __init__(self, model: Transformer, cache: PagedKVCache):
         self.model, self.cache = model, cache
+        self.last_hidden: torch.Tensor | None = None  # the last call's rows, before the norm
 
     def supports(self, metadata: AttentionMetadata) -> bool:
         return True
 
     def __call__(self, batch: FlatBatch) -> torch.Tensor:
-        return self.model.forward_flat(batch.token_ids, batch.positions,
-                                       self.cache.bind(batch.metadata), batch.logits_at)
+        x = self.model.final_hidden_flat(batch.token_ids, batch.positions,
+                                         self.cache.bind(batch.metadata))
+        self.last_hidden = x[batch.logits_at]
+        return self.model.head(self.last_hidden)

@@ -123,6 +123,7 @@ class NativeExecutor:
         self.reduce = (_reduction_of(block.attn.o_proj), _reduction_of(block.mlp.down_proj))
         head = _product(model.lm_head)  # None for a vocabulary-parallel head
         self.head_in_cpp = head is not None
+        self.last_hidden: torch.Tensor | None = None  # the last call's rows, before the norm
         config = model.config
         self.layers = native_kernels().DecodeLayers(
             [_block_parts(block) for block in model.layers],
@@ -144,5 +145,6 @@ class NativeExecutor:
                                meta.slot_mapping, tables, lengths, self.cache.keys,
                                self.cache.values, self.cache.key_scales,
                                self.cache.value_scales, *self.reduce)
-        logits = out if self.head_in_cpp else model.head(out)
-        return logits[batch.logits_at]  # not a 1-token prefill chunk's row
+        hidden = x if self.head_in_cpp else out  # the C++ step leaves x final, before the norm
+        self.last_hidden = hidden[batch.logits_at]  # not a 1-token prefill chunk's row
+        return out[batch.logits_at] if self.head_in_cpp else model.head(self.last_hidden)
