@@ -2,10 +2,10 @@
 instruction sets (and the sources' contents, not their place); without a compiler every op
 runs its Python reference after one warning that says what to install (and the engine runs
 eagerly); a build for a CPU with only 256-bit AVX-VNNI takes its vector path, and one without
-VNNI AVX2's 16-bit multiply-adds for int8 and the plain loop for int4, with a warning. A build says so on stderr; a cached one says nothing.
-Loading the library makes the ops' CPU kernels take over from the references; building a
-layer loads nothing, running it does. Each case runs in a fresh process, the builds with
-their own cache."""
+VNNI AVX2's 16-bit multiply-adds for int8 and the plain loop for int4, with a warning. A
+build says so on stderr; a cached one says nothing. Loading the library makes the ops' CPU
+kernels take over from the references; building a layer loads nothing, running it does.
+Each case runs in a fresh process, the builds with their own cache."""
 
 from __future__ import annotations
 
