@@ -117,8 +117,9 @@ def native_kernels():
         return None
     paths = module.vector_paths()
     if "vnni" not in paths["int8"]:
-        warnings.warn(f"this CPU has no VNNI dot-product instructions: int8 and int4 products "
-                      f"run a plain loop (several times slower); kernels: {paths}",
+        warnings.warn(f"this CPU has no VNNI dot-product instructions: int8 products run "
+                      f"16-bit multiply-adds and int4 products a plain loop (several times "
+                      f"slower); kernels: {paths}",
                       RuntimeWarning, stacklevel=2)
     return module
 

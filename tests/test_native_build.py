@@ -2,10 +2,10 @@
 instruction sets (and the sources' contents, not their place); without a compiler every op
 runs its Python reference after one warning that says what to install (and the engine runs
 eagerly); a build for a CPU with only 256-bit AVX-VNNI takes its vector path, and one without
-VNNI the plain loop, with a warning. A build says so on stderr; a cached one says nothing.
-Loading the library makes the ops' CPU kernels take over from the references; building a
-layer loads nothing, running it does. Each case runs in a fresh process, the builds with
-their own cache."""
+VNNI AVX2's 16-bit multiply-adds for int8 and the plain loop for int4, with a warning. A
+build says so on stderr; a cached one says nothing. Loading the library makes the ops' CPU
+kernels take over from the references; building a layer loads nothing, running it does.
+Each case runs in a fresh process, the builds with their own cache."""
 
 from __future__ import annotations
 
@@ -192,15 +192,17 @@ def test_without_a_compiler_every_op_runs_its_reference_after_one_warning(tmp_pa
 @pytest.mark.slow
 def test_a_cpu_with_256_bit_vnni_only_takes_its_vector_path(tmp_path):
     result = probe(tmp_path, MINILLM_NATIVE_CFLAGS="-mno-avx512f")
-    expected = "avx-vnni" if "avx_vnni" in cpu_flags() else "scalar"
-    assert result["built"] and result["paths"]["int8"] == result["paths"]["int4"] == expected
-    assert result["paths"]["fp32"] == "avx2"
+    vnni = "avx_vnni" in cpu_flags()
+    assert result["built"] and result["paths"]["int4"] == ("avx-vnni" if vnni else "scalar")
+    assert result["paths"]["int8"] == ("avx-vnni" if vnni else "avx2-madd-tile2x4")
+    assert result["paths"]["fp32"] == "avx2-tile3x4"
     assert result["int8_exact"] and result["int4_close"]
 
 
 @pytest.mark.slow
 def test_a_cpu_without_vnni_gets_the_plain_loop_and_says_so(tmp_path):
     result = probe(tmp_path, MINILLM_NATIVE_CFLAGS="-mno-avx512f -mno-avxvnni")
-    assert result["built"] and result["paths"]["int8"] == result["paths"]["int4"] == "scalar"
+    assert result["built"] and result["paths"]["int4"] == "scalar"
+    assert result["paths"]["int8"] == "avx2-madd-tile2x4"  # exact 16-bit multiply-adds
     assert any("no VNNI" in message for message in result["warnings"])
     assert result["int8_exact"] and result["int4_close"]

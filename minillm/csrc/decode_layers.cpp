@@ -29,6 +29,7 @@
 #include "int4_product.h"
 #include "int8_product.h"
 #include "paged_attention.h"
+#include "rows.h"
 
 namespace minillm {
 
@@ -259,9 +260,22 @@ std::map<std::string, std::string> vector_paths() {
   return {{"fp32", minillm::kFp32Path}, {"int8", minillm::kInt8Path}, {"int4", kInt4Path}};
 }
 
+// y [..., out] = x [..., in] W^T with the step's float32 product (its tests call it).
+torch::Tensor fp32_linear(const torch::Tensor& x, const torch::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat && weight.dim() == 2,
+              "the weight must be a float32 matrix [out, in], not ", weight.scalar_type(),
+              " with ", weight.dim(), " dimensions");
+  const torch::Tensor contiguous = weight.contiguous();
+  const minillm::Fp32Weights w{contiguous.data_ptr<float>(), weight.size(0), weight.size(1)};
+  return minillm::over_rows(x, w.in, w.out, [&](const float* rows, int64_t n, float* y) {
+    minillm::fp32_product(rows, n, w, y);
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_paths", &vector_paths);
   m.def("paged_decode_read", &minillm::paged_decode_read);
+  m.def("fp32_linear", &fp32_linear);
   pybind11::class_<minillm::DecodeLayers>(m, "DecodeLayers")
       .def(pybind11::init<std::vector<minillm::DecodeLayers::Parts>,
                           minillm::DecodeLayers::Parts, double, int64_t, int64_t, int64_t>())

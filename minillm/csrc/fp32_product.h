@@ -16,6 +16,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "in_register.h"
+#include "prefetch.h"
+
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -24,9 +27,9 @@
 namespace minillm {
 
 #if defined(__AVX512F__)
-constexpr const char* kFp32Path = "avx512";
+constexpr const char* kFp32Path = "avx512-tile4x4";  // activation rows x weight rows
 #elif defined(__AVX2__) && defined(__FMA__)
-constexpr const char* kFp32Path = "avx2";
+constexpr const char* kFp32Path = "avx2-tile3x4";
 #else
 constexpr const char* kFp32Path = "scalar";
 #endif
@@ -37,6 +40,14 @@ struct Fp32Weights {
 };
 
 #if defined(__AVX512F__)
+#define MINILLM_FP32_VECTOR 1
+using Fp32Vector = __m512;
+constexpr int64_t kFp32Lanes = 16;
+constexpr int kFp32TileRows = 4;  // 16 accumulators, 4 activation vectors, 1 weight vector
+inline __m512 zero_vector() { return _mm512_setzero_ps(); }
+inline __m512 load_vector(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 fused_multiply_add(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+
 // The sums of four vectors' sixteen lanes each, [Σa, Σb, Σc, Σd], in eight shuffles and
 // adds (four separate reductions take about thirty): pairs of lanes within each 128-bit
 // quarter first, then the four quarters.
@@ -51,67 +62,73 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(quarters), 1)));
   return _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
 }
-#endif
-
-// sum_i a_i b_i for four rows b, b + n, b + 2n, b + 3n.
-inline void fp32_dot4(const float* a, const float* b, int64_t n, float* sums) {
-  int64_t i = 0;
-  float tail[4] = {0.f, 0.f, 0.f, 0.f};
-#if defined(__AVX512F__)
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(a + i);
-    acc0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + n + i), acc1);
-    acc2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + 2 * n + i), acc2);
-    acc3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + 3 * n + i), acc3);
-  }
-  _mm_storeu_ps(tail, reduce4(acc0, acc1, acc2, acc3));
 #elif defined(__AVX2__) && defined(__FMA__)
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(a + i);
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + k * n + i), acc[k]);
-  }
-  for (int k = 0; k < 4; ++k) {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc[k]);
-    for (float lane : lanes) tail[k] += lane;
-  }
-#endif
-  for (; i < n; ++i)
-    for (int k = 0; k < 4; ++k) tail[k] += a[i] * b[k * n + i];
-  for (int k = 0; k < 4; ++k) sums[k] = tail[k];
-}
+#define MINILLM_FP32_VECTOR 1
+using Fp32Vector = __m256;
+constexpr int64_t kFp32Lanes = 8;
+// 12 accumulators, 3 activation vectors and the weight vector in use fill the 16 registers:
+// 7 loads per 12 multiply-adds.
+constexpr int kFp32TileRows = 3;
+inline __m256 zero_vector() { return _mm256_setzero_ps(); }
+inline __m256 load_vector(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 fused_multiply_add(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
 
-#if defined(__AVX512F__)
-// The dot products of four activation rows (a, a + a_stride, ...) with four weight rows:
-// sixteen accumulators, each weight vector loaded once for the four rows. Every (row,
-// weight row) sum is accumulated exactly as fp32_dot4 accumulates it, so a sequence's
-// numbers do not depend on what else shares its batch.
-inline void fp32_tile4x4(const float* a, int64_t a_stride, const float* b, int64_t n,
-                         float (*sums)[4]) {
-  __m512 acc[4][4];
-  for (auto& row : acc)
-    for (auto& v : row) v = _mm512_setzero_ps();
+// The sums of four vectors' eight lanes each, [Σa, Σb, Σc, Σd]: two rounds of pairwise
+// horizontal adds leave [Σa, Σb, Σc, Σd] of lanes 0-3 and of lanes 4-7, then the halves.
+inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 quads = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1));
+}
+#else
+constexpr int kFp32TileRows = 1;
+#endif
+
+// The dot products of R activation rows (a, a + a_stride, ...) with four weight rows (b,
+// b + n, b + 2n, b + 3n): R x 4 accumulators, each weight vector loaded once for the R rows
+// (a register-blocked tile, as in llamafile's tinyBLAS, without packing). Every (row, weight
+// row) sum is accumulated in the same order whatever R is -- lanes of fused multiply-adds,
+// reduce4, then the last n % lanes products one by one -- so a sequence's numbers do not
+// depend on what else shares its batch.
+template <int R>
+inline void fp32_tile(const float* a, int64_t a_stride, const float* b, int64_t n,
+                      float (*sums)[4]) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 w[4] = {_mm512_loadu_ps(b + i), _mm512_loadu_ps(b + n + i),
-                         _mm512_loadu_ps(b + 2 * n + i), _mm512_loadu_ps(b + 3 * n + i)};
-    for (int r = 0; r < 4; ++r) {
-      const __m512 x = _mm512_loadu_ps(a + r * a_stride + i);
-      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_fmadd_ps(x, w[k], acc[r][k]);
+#ifdef MINILLM_FP32_VECTOR
+  Fp32Vector acc[R][4];
+  for (auto& row : acc)
+    for (auto& v : row) v = zero_vector();
+  for (; i + kFp32Lanes <= n; i += kFp32Lanes) {
+    Fp32Vector x[R];
+    for (int r = 0; r < R; ++r) {
+      x[r] = load_vector(a + r * a_stride + i);
+      keep_in_register(x[r]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      Fp32Vector w = load_vector(b + k * n + i);
+      keep_in_register(w);
+      for (int r = 0; r < R; ++r) acc[r][k] = fused_multiply_add(x[r], w, acc[r][k]);
     }
   }
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < R; ++r)
     _mm_storeu_ps(sums[r], reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+#else
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < 4; ++k) sums[r][k] = 0.f;
+#endif
   for (; i < n; ++i)
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < R; ++r)
       for (int k = 0; k < 4; ++k) sums[r][k] += a[r * a_stride + i] * b[k * n + i];
 }
-#endif
+
+// y[r .. r + R) x [o .. o + 4) of y = x W^T: one tile.
+template <int R>
+inline void fp32_tile_into(const float* x, int64_t r, const Fp32Weights& w, int64_t o,
+                           float* y, int64_t y_stride) {
+  float tile[R][4];
+  fp32_tile<R>(x + r * w.in, w.in, w.weight + o * w.in, w.in, tile);
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < 4; ++k) y[(r + i) * y_stride + o + k] = tile[i][k];
+}
 
 inline float fp32_dot(const float* a, const float* b, int64_t n) {
   float sum = 0.f;
@@ -125,23 +142,21 @@ inline void fp32_rows(const float* x, int64_t rows, const Fp32Weights& w, int64_
                       int64_t end, float* y, int64_t y_stride) {
   constexpr int64_t kRowsPerBlock = 32;
   const int64_t in = w.in;
-  float sums[4];
   for (int64_t first_row = 0; first_row < rows; first_row += kRowsPerBlock) {
     const int64_t last_row = std::min(rows, first_row + kRowsPerBlock);
+    // One row streams the weights as fast as the hardware prefetcher alone (asking for them
+    // as well was slower); a tile's work between loads leaves it behind: asking for the
+    // weight rows ahead took 5 rows from ~1.5 to ~1.15 times one row's time (AMD EPYC).
+    const bool multiple_rows = last_row - first_row > 1;
     int64_t o = begin;
-    for (; o + 4 <= end; o += 4) {
+    for (; o + 4 <= end; o += 4) {  // full tiles, then the rows left over
+      if (multiple_rows && o + kWeightRowsAhead + 4 <= w.out)
+        prefetch(w.weight + (o + kWeightRowsAhead) * in, 4 * in * sizeof(float));
       int64_t r = first_row;
-#if defined(__AVX512F__)
-      for (float tile[4][4]; r + 4 <= last_row; r += 4) {
-        fp32_tile4x4(x + r * in, in, w.weight + o * in, in, tile);
-        for (int i = 0; i < 4; ++i)
-          for (int k = 0; k < 4; ++k) y[(r + i) * y_stride + o + k] = tile[i][k];
-      }
-#endif
-      for (; r < last_row; ++r) {
-        fp32_dot4(x + r * in, w.weight + o * in, in, sums);
-        for (int k = 0; k < 4; ++k) y[r * y_stride + o + k] = sums[k];
-      }
+      for (; r + kFp32TileRows <= last_row; r += kFp32TileRows)
+        fp32_tile_into<kFp32TileRows>(x, r, w, o, y, y_stride);
+      for (; r + 2 <= last_row; r += 2) fp32_tile_into<2>(x, r, w, o, y, y_stride);
+      for (; r < last_row; ++r) fp32_tile_into<1>(x, r, w, o, y, y_stride);
     }
     for (; o < end; ++o)
       for (int64_t r = first_row; r < last_row; ++r)

@@ -11,8 +11,9 @@
 //
 // The loop streams each weight row once, four rows at a time, with AVX-512 VNNI's
 // dot-product instruction (64 byte pairs per instruction) when the CPU has it, AVX-VNNI's
-// (32 pairs) on CPUs with the 256-bit form only, and a plain loop otherwise. Rows of x are taken in blocks, so a long prompt
-// reuses each weight row from the cache for a whole block.
+// (32 pairs) on CPUs with the 256-bit form only, AVX2's 16-bit multiply-adds on tiles of
+// several rows of x otherwise (int8_madd.h), and a plain loop without AVX2. Rows of x are
+// taken in blocks, so a long prompt reuses each weight row from the cache for a whole block.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -30,6 +31,9 @@
 #elif defined(__AVXVNNI__)
 #include <immintrin.h>
 #define MINILLM_AVX_VNNI 1  // the 256-bit VNNI of CPUs without AVX-512 (Alder Lake, ...)
+#elif defined(__AVX2__)
+#include "int8_madd.h"
+#define MINILLM_AVX2_MADD 1  // 16-bit multiply-adds in tiles of rows (AMD Zen 3, Haswell, ...)
 #endif
 
 namespace minillm {
@@ -40,6 +44,8 @@ constexpr int64_t kRowsPerBlock = 32;  // rows of x sharing one pass over the we
 constexpr const char* kInt8Path = "avx512-vnni";
 #elif defined(MINILLM_AVX_VNNI)
 constexpr const char* kInt8Path = "avx-vnni";
+#elif defined(MINILLM_AVX2_MADD)
+constexpr const char* kInt8Path = "avx2-madd-tile2x4";
 #else
 constexpr const char* kInt8Path = "scalar";
 #endif
@@ -125,6 +131,9 @@ struct Int8Activations {
   std::vector<float> scales;
   std::vector<int32_t> zeros;
   int64_t rows, in;
+#ifdef MINILLM_AVX2_MADD
+  std::vector<int16_t> wide;  // the codes widened to int16, for vpmaddwd
+#endif
 };
 
 inline Int8Activations int8_activations(const float* x, int64_t rows, int64_t in) {
@@ -134,8 +143,41 @@ inline Int8Activations int8_activations(const float* x, int64_t rows, int64_t in
     for (int64_t r = begin; r < end; ++r)
       quantize_row(x + r * in, in, &a.codes[r * in], &a.scales[r], &a.zeros[r]);
   });
+#ifdef MINILLM_AVX2_MADD
+  a.wide.assign(a.codes.begin(), a.codes.end());
+#endif
   return a;
 }
+
+#ifdef MINILLM_AVX2_MADD
+// Rows [first_row, last_row) x weight rows [o, o + 4): full tiles, then the rows left over;
+// finish(row, weight row, sum) writes each output.
+template <typename Finish>
+inline void int8_tiles(const Int8Activations& a, const Int8Weights& w, int64_t o,
+                       int64_t first_row, int64_t last_row, const Finish& finish) {
+  const int64_t in = w.in;
+  const int8_t* b = w.codes + o * in;
+  int32_t sums[kInt8TileRows][4];
+  int64_t r = first_row;
+  auto finish_tile = [&](int rows) {
+    for (int i = 0; i < rows; ++i)
+      for (int k = 0; k < 4; ++k) finish(r + i, o + k, sums[i][k]);
+    r += rows;
+  };
+  while (r + kInt8TileRows <= last_row) {
+    int8_tile<kInt8TileRows>(&a.wide[r * in], in, b, in, sums);
+    finish_tile(kInt8TileRows);
+  }
+  while (r + 2 <= last_row) {
+    int8_tile<2>(&a.wide[r * in], in, b, in, sums);
+    finish_tile(2);
+  }
+  while (r < last_row) {
+    int8_tile<1>(&a.wide[r * in], in, b, in, sums);
+    finish_tile(1);
+  }
+}
+#endif
 
 // Output columns [begin, end) of y = x W^T for every row: y points at this product's first
 // column of a row-major [rows, y_stride] output (products sharing an input write side by
@@ -147,17 +189,21 @@ inline void int8_rows(const Int8Activations& a, const Int8Weights& w, int64_t be
     y[r * y_stride + o] = float(sum - a.zeros[r] * w.code_sums[o]) *
                           (a.scales[r] * w.scales[o]);
   };
-  int32_t sums[4];
   for (int64_t first_row = 0; first_row < rows; first_row += kRowsPerBlock) {
     const int64_t last_row = std::min(rows, first_row + kRowsPerBlock);
     int64_t o = begin;
     for (; o + 4 <= end; o += 4) {
       if (o + kWeightRowsAhead + 4 <= w.out)
         prefetch(w.codes + (o + kWeightRowsAhead) * in, 4 * in);
+#ifdef MINILLM_AVX2_MADD
+      int8_tiles(a, w, o, first_row, last_row, finish);
+#else
       for (int64_t r = first_row; r < last_row; ++r) {
+        int32_t sums[4];
         dot4(&a.codes[r * in], w.codes + o * in, in, sums);
         for (int k = 0; k < 4; ++k) finish(r, o + k, sums[k]);
       }
+#endif
     }
     for (; o < end; ++o)
       for (int64_t r = first_row; r < last_row; ++r)
