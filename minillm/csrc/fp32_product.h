@@ -5,10 +5,13 @@
 // PyTorch's F.linear at batch 1 reads an [out, in] float32 weight at ~11-16 GB/s on the
 // course's 2-core machines (docs/benchmarks.md), one core's worth; this loop reads four
 // weight rows at a time with both cores (~50 GB/s on the AMD EPYC; software prefetching,
-// which helps the int8 loop on an Intel Xeon, made it slower there: 34 GB/s), and keeps a
-// block of up to 32 activation rows per pass so a batched step reads each weight once. Sums are
-// fused multiply-adds over 16 lanes (AVX-512) or 8 (AVX2), then a horizontal add: another
-// summation order than MKL's, so results agree with PyTorch to float32 rounding, not bits.
+// which helps the int8 loop on an Intel Xeon, made it slower there at one row: 34 GB/s), and
+// keeps a block of up to 32 activation rows per pass so a batched step reads each weight once.
+// Several rows (a small batch, or the n tokens a speculative step verifies) go through
+// register-blocked tiles, R rows x 4 weight rows (fp32_tile), so each weight vector is
+// loaded once per R rows rather than once per row. Sums are fused multiply-adds over 16
+// lanes (AVX-512) or 8 (AVX2), then a horizontal add: another summation order than MKL's,
+// so results agree with PyTorch to float32 rounding, not bits.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -18,7 +21,6 @@
 
 #include "in_register.h"
 #include "prefetch.h"
-
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>

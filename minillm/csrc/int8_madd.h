@@ -8,7 +8,8 @@
 // `vpmovsxbw`), and `vpmaddwd` sums pairs of 16-bit products into int32 lanes: exact, so the
 // sums are the scalar loop's bit for bit, in any order. A tile is R activation rows x four
 // weight rows, R x 4 accumulators in registers: each weight vector is loaded and widened
-// once for the R rows, which makes verifying a few tokens cost little more than one.
+// once for the R rows. The multiply-adds (16 products per vpmaddwd and vpaddd) still grow
+// with the rows: without VNNI, n rows stay compute-bound and cost well over one row's time.
 #pragma once
 
 #include <immintrin.h>
