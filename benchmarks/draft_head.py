@@ -10,8 +10,8 @@ whose draft head guesses γ tokens per target pass, alternating plain and specul
 (``--repeats``, best time each). Every speculative output is checked equal to the plain one.
 
 Columns: τ (tokens per target pass, the accepted guesses plus the target's own token),
-c (the head's cost per guess: one head step over one token, timed alone, over one plain
-decode step at B = 1), tokens/s and the speedup over plain decoding. Wall time includes
+c (the head's cost per guess: B head steps over one token each, timed alone, as the
+proposer runs sequence by sequence, over one plain decode step of B rows), tokens/s and the speedup over plain decoding. Wall time includes
 the prompts' prefill (the same in both). The speedup model: τ / (r(γ+1) + γ·c).
 """
 
@@ -106,7 +106,7 @@ def rows(args, model, head, prompts, batch, weights, stop) -> None:
             best = min(best, seconds)
         tokens = sum(len(t) for t in plain)
         step = plain_best / max(1, tokens / batch)  # ~ one plain step (B rows)
-        cost = head_step_seconds(head, model) / step
+        cost = batch * head_step_seconds(head, model) / step  # the head runs row by row
         print(f"| {weights} | {batch} | {gamma} | {(accepted + passes) / passes:.2f} "
               f"| {cost:.3f} | {tokens / best:.1f} | {tokens / plain_best:.1f} "
               f"| {plain_best / best:.2f}x | {outputs == plain} |", flush=True)

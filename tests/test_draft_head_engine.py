@@ -86,25 +86,25 @@ def test_the_head_reads_the_targets_hidden_states(model, monkeypatch):
 
 
 def test_sampled_outputs_keep_the_targets_distribution(model):
-    """6,000 seeded requests for 3 tokens at temperature 1, guessed by a head over half the
+    """2,500 seeded requests for 3 tokens at temperature 1, guessed by a head over half the
     vocabulary: the second token's empirical distribution is the exact marginal
-    sum_t1 p(t1) p(t2 | t1) (sampling noise: TV ~0.03)."""
+    sum_t1 p(t1) p(t2 | t1) (sampling noise alone: TV ~0.04)."""
     prompt, params = list(range(1, 9)) * 2, SamplingParams(temperature=1.0)
     with torch.no_grad():
         first = probabilities(model(torch.tensor([prompt]))[0, -1], params)
         after = model(torch.tensor([prompt + [t] for t in range(CONFIG.vocab_size)]))[:, -1]
         second = (first[:, None] * probabilities(after, params)).sum(0)
-    llm = LLM(model, block_size=16, num_blocks=6010, draft_head=head_for(model, 16, noise=0.3),
+    llm = LLM(model, block_size=16, num_blocks=2510, draft_head=head_for(model, 16, noise=0.3),
               scheduler=SchedulerConfig(max_batch=512, max_tokens_per_step=8192,
-                                        speculative_tokens=2))
+                                        speculative_tokens=1))
     requests = [llm.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3))
-                for i in range(6000)]
+                for i in range(2500)]
     while llm.has_work:
         llm.step()
     samples = [llm.output(r).outputs[0] for r in requests]
-    drawn = torch.bincount(torch.tensor([s.tokens[1] for s in samples]), minlength=32) / 6000
-    assert sum(s.drafted for s in samples) > 5000
-    assert 0.5 * float((drawn - second).abs().sum()) < 0.05
+    drawn = torch.bincount(torch.tensor([s.tokens[1] for s in samples]), minlength=32) / 2500
+    assert sum(s.drafted for s in samples) > 2000
+    assert 0.5 * float((drawn - second).abs().sum()) < 0.08
 
 
 def test_smollm2_with_a_head_equals_plain_greedy(smollm2, tokenizer):
@@ -113,8 +113,8 @@ def test_smollm2_with_a_head_equals_plain_greedy(smollm2, tokenizer):
     head = DraftHead.from_target(smollm2, torch.arange(4096))
     llm = LLM(smollm2, tokenizer=tokenizer, num_blocks=64, draft_head=head,
               scheduler=SchedulerConfig(max_batch=2, speculative_tokens=4))
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=24), progress=False)
-    expected = [generate(smollm2, p, 24, stop_tokens=tokenizer.stop_tokens)[0] for p in prompts]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=12), progress=False)
+    expected = [generate(smollm2, p, 12, stop_tokens=tokenizer.stop_tokens)[0] for p in prompts]
     assert [o.tokens for o in outputs] == expected
     assert sum(o.outputs[0].drafted for o in outputs) > 0
 
