@@ -11,8 +11,9 @@ whose draft head guesses γ tokens per target pass, alternating plain and specul
 
 Columns: τ (tokens per target pass, the accepted guesses plus the target's own token),
 c (the head's cost per guess: B head steps over one token each, timed alone, as the
-proposer runs sequence by sequence, over one plain decode step of B rows), tokens/s and the speedup over plain decoding. Wall time includes
-the prompts' prefill (the same in both). The speedup model: τ / (r(γ+1) + γ·c).
+proposer runs sequence by sequence, over one plain decode step of B rows), tokens/s and
+the speedup over plain decoding. Wall time includes the prompts' prefill (the same in
+both). The speedup model: τ / (r(γ+1) + γ·c).
 """
 
 from __future__ import annotations
