@@ -150,7 +150,7 @@ def speed(tokenizer, args) -> None:
                                        args.new_tokens, args.threads, kind)
                      for kind in ("q8_0", "f16")}
         for batch in args.batches:
-            for dtype in KV_CACHE_DTYPES:
+            for dtype in args.kv_dtypes:
                 rate, executor = decode_rate(w8a8, tokenizer, batch, context, args.new_tokens,
                                              dtype)
                 llama = [f"{peers[k][batch]:.1f}" if k in peers else "" for k in ("q8_0", "f16")]
@@ -173,6 +173,8 @@ def main(argv=None) -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--kv-dtypes", nargs="+", default=list(KV_CACHE_DTYPES),
+                        choices=KV_CACHE_DTYPES, help="the KV dtypes the speed rows run")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's build/bin directory")
     parser.add_argument("--gguf", type=Path, help="the Q8_0 GGUF for llama.cpp")

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from minillm.engine.sequence import Sequence
+from minillm.sampling import SamplingParams
 from minillm.serve import LLM
+from minillm.speculative import probabilities
 
 
 def sequence_of(llm: LLM, request_id: int) -> Sequence:
@@ -33,3 +37,25 @@ def preempt_at_random(llm: LLM, chance: float, seed: int = 0) -> LLM:
 
     scheduler.schedule = preempting_schedule
     return llm
+
+
+def second_token_marginal(model, prompt: list[int], params) -> torch.Tensor:
+    """The exact distribution of the second sampled token after ``prompt``:
+    sum_t1 p(t1) p(t2 | t1), over the whole (tiny) vocabulary."""
+    with torch.no_grad():
+        first = probabilities(model(torch.tensor([prompt]))[0, -1], params)
+        after = model(torch.tensor([prompt + [t] for t in range(len(first))]))[:, -1]
+        return (first[:, None] * probabilities(after, params)).sum(0)
+
+
+def second_tokens_drawn(llm: LLM, prompt: list[int], count: int,
+                        vocab_size: int) -> tuple[torch.Tensor, list]:
+    """Sample ``count`` seeded 3-token continuations of ``prompt`` (temperature 1) in one
+    engine: the empirical distribution of their second tokens, and the samples."""
+    requests = [llm.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3))
+                for i in range(count)]
+    while llm.has_work:
+        llm.step()
+    samples = [llm.output(r).outputs[0] for r in requests]
+    tokens = torch.tensor([s.tokens[1] for s in samples])
+    return torch.bincount(tokens, minlength=vocab_size) / count, samples

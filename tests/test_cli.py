@@ -207,3 +207,16 @@ def test_perplexity_scores_a_checkpoint(capsys, tmp_path, tokenizer):
                            "--max-windows", "2")
     assert code == 0
     assert out.startswith("wikipedia/eval: perplexity ") and "in 2 windows of 32" in out
+
+
+def test_serve_refuses_a_draft_head_or_kv_dtype_it_cannot_run(capsys, tmp_path, tokenizer):
+    """``minillm serve --draft-head`` needs --speculative-tokens, and ``--kv-cache-dtype
+    int4`` runs eager steps only: both refused before a port is opened, saying why."""
+    tiny_pair(tmp_path)
+    tokenizer.hf.save_pretrained(tmp_path)
+    code, out, err = run_cli(capsys, "serve", "--model", str(tmp_path), "--draft-head",
+                             str(tmp_path / "no-head"))
+    assert code == 2 and "speculative_tokens" in err
+    code, out, err = run_cli(capsys, "serve", "--model", str(tmp_path), "--kv-cache-dtype",
+                             "int4", "--executor", "native")
+    assert code == 2 and "int4" in err

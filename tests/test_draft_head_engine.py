@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_driving import second_token_marginal, second_tokens_drawn
 
 from minillm.config import ModelConfig
 from minillm.draft_head import DraftHead
@@ -16,7 +17,6 @@ from minillm.engine.head_proposer import DraftHeadProposer
 from minillm.reference import generate
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.speculative import probabilities
 from minillm.testing import TINY, varied_random_model
 
 CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -90,19 +90,11 @@ def test_sampled_outputs_keep_the_targets_distribution(model):
     vocabulary: the second token's empirical distribution is the exact marginal
     sum_t1 p(t1) p(t2 | t1) (sampling noise alone: TV ~0.04)."""
     prompt, params = list(range(1, 9)) * 2, SamplingParams(temperature=1.0)
-    with torch.no_grad():
-        first = probabilities(model(torch.tensor([prompt]))[0, -1], params)
-        after = model(torch.tensor([prompt + [t] for t in range(CONFIG.vocab_size)]))[:, -1]
-        second = (first[:, None] * probabilities(after, params)).sum(0)
+    second = second_token_marginal(model, prompt, params)
     llm = LLM(model, block_size=16, num_blocks=2510, draft_head=head_for(model, 16, noise=0.3),
               scheduler=SchedulerConfig(max_batch=512, max_tokens_per_step=8192,
                                         speculative_tokens=1))
-    requests = [llm.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3))
-                for i in range(2500)]
-    while llm.has_work:
-        llm.step()
-    samples = [llm.output(r).outputs[0] for r in requests]
-    drawn = torch.bincount(torch.tensor([s.tokens[1] for s in samples]), minlength=32) / 2500
+    drawn, samples = second_tokens_drawn(llm, prompt, 2500, CONFIG.vocab_size)
     assert sum(s.drafted for s in samples) > 2000
     assert 0.5 * float((drawn - second).abs().sum()) < 0.08
 

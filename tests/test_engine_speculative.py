@@ -8,15 +8,19 @@ large enough for the request."""
 from __future__ import annotations
 
 import pytest
-import torch
-from engine_driving import preempt_at_random, sequence_of
+from engine_driving import (
+    preempt_at_random,
+    second_token_marginal,
+    second_tokens_drawn,
+    sequence_of,
+)
 
 from minillm.config import ModelConfig
 from minillm.engine.deltas import StepReport
 from minillm.reference import generate  # the oracle: the course's dense loop
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
-from minillm.speculative import PromptLookup, expected_tokens_per_call, probabilities
+from minillm.speculative import PromptLookup, expected_tokens_per_call
 from minillm.speculative_generate import DraftModel, speculative_generate
 from minillm.testing import varied_random_model
 
@@ -174,19 +178,11 @@ def test_sampled_speculation_keeps_the_targets_distribution(model):
     a verification whenever prompt lookup had a guess. Its empirical distribution must be
     the exact marginal sum_t1 p(t1) p(t2 | t1) (TV 0.019 measured, sampling noise ~0.02)."""
     prompt, params = list(range(1, 9)) * 2, SamplingParams(temperature=1.0)
-    with torch.no_grad():
-        first = probabilities(model(torch.tensor([prompt]))[0, -1], params)
-        after = model(torch.tensor([prompt + [t] for t in range(CONFIG.vocab_size)]))[:, -1]
-        second = (first[:, None] * probabilities(after, params)).sum(0)
+    second = second_token_marginal(model, prompt, params)
     llm = LLM(model, block_size=16, num_blocks=16_010,
               scheduler=SchedulerConfig(max_batch=512, max_tokens_per_step=8192,
                                         speculative_tokens=4))
-    requests = [llm.add_request(prompt, SamplingParams(temperature=1.0, seed=i, max_tokens=3))
-                for i in range(8000)]
-    while llm.has_work:
-        llm.step()
-    samples = [llm.output(r).outputs[0] for r in requests]
-    drawn = torch.bincount(torch.tensor([s.tokens[1] for s in samples]), minlength=32) / 8000
+    drawn, samples = second_tokens_drawn(llm, prompt, 8000, CONFIG.vocab_size)
     assert sum(s.drafted for s in samples) > 1000  # a quarter of them had a guess verified
     assert 0.5 * float((drawn - second).abs().sum()) < 0.04
 

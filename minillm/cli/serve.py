@@ -41,8 +41,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--draft-model", default=None, metavar="DIR",
                         help="with --speculative-tokens: a smaller model guesses instead of "
                              "prompt lookup (e.g. one made by minillm distill)")
+    parser.add_argument("--draft-head", default=None, metavar="DIR",
+                        help="with --speculative-tokens: an EAGLE draft head guesses (made by "
+                             "minillm train-draft-head)")
     parser.add_argument("--speculative-tokens", type=int, default=0, metavar="K",
                         help="prompt-lookup guesses per decode step (chapter 11; 0: off)")
+    parser.add_argument("--kv-cache-dtype", default=None, choices=("float32", "int8", "int4"),
+                        help="how the paged KV cache stores keys and values (default float32; "
+                             "int8: a quarter of the bytes, int4: KIVI, eager steps)")
     parser.add_argument("--int8-activations", action="store_true",
                         help="with per-channel int8 weights (or grouped int4): round activations "
                              "to int8 too (W8A8/W4A8, chapter 6; the capstone's fastest engine)")
@@ -55,7 +61,8 @@ def run(args) -> int:
               tensor_parallel_size=args.tensor_parallel,
               shard_attention=not args.replicate_attention, tokenizer=Tokenizer(args.model),
               worker_timeout=args.worker_timeout, executor=args.executor,
-              draft_model=args.draft_model)
+              draft_model=args.draft_model, draft_head=args.draft_head,
+              kv_cache_dtype=args.kv_cache_dtype)
     stopped: list[str] = []
 
     def engine_stopped(reason: str) -> None:  # serve nothing rather than hang: exit, 1
