@@ -130,7 +130,7 @@ def _mlp_parameters(hf: dict, layer: int) -> tuple[int, int]:
         dense = 3 * d * hf["intermediate_size"]
         return dense, dense
     experts = hf.get("n_routed_experts") or hf.get("num_experts") or hf["num_local_experts"]
-    expert = 3 * d * (hf.get("moe_intermediate_size") or hf["intermediate_size"])  # Mixtral: no moe_
+    expert = 3 * d * (hf.get("moe_intermediate_size") or hf["intermediate_size"])  # Mixtral
     router = d * experts + (experts if hf.get("model_type") in MLA_FAMILIES else 0)  # + bias
     shared = hf.get("n_shared_experts", 0) * expert
     top_k = hf["num_experts_per_tok"]

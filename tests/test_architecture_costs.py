@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minillm.architecture_costs import (kv_bytes, kv_numbers_per_token, layer_windows,
-                                        parameter_counts)
+from minillm.architecture_costs import (
+    kv_bytes,
+    kv_numbers_per_token,
+    layer_windows,
+    parameter_counts,
+)
 
 transformers = pytest.importorskip("transformers")
 
