@@ -11,6 +11,7 @@ from minillm.architecture_costs import (
     layer_windows,
     parameter_counts,
 )
+from minillm.published_configs import PUBLISHED_CONFIGS
 
 transformers = pytest.importorskip("transformers")
 
@@ -74,24 +75,13 @@ def test_windows_and_kv_bytes():
     assert layer_windows(_hf_model("qwen3_moe")[0].to_dict()) == [None] * 4  # window off
 
 
-PUBLISHED = {  # config.json fields of the released checkpoints (Hugging Face hub, 2025)
-    "Llama-2-7B": dict(model_type="llama", vocab_size=32000, hidden_size=4096,
-                       intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32),
-    "DeepSeek-V3": dict(model_type="deepseek_v3", vocab_size=129280, hidden_size=7168,
-                        intermediate_size=18432, moe_intermediate_size=2048,
-                        num_hidden_layers=61, num_attention_heads=128, q_lora_rank=1536,
-                        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                        v_head_dim=128, n_routed_experts=256, n_shared_experts=1,
-                        num_experts_per_tok=8, first_k_dense_replace=3),
-}
-
-
-def test_published_totals():
-    """Llama-2-7B has 6.74 B parameters; DeepSeek-V3 671 B, 37 B active (its paper, without
-    the 14 B multi-token-prediction module)."""
-    llama = parameter_counts(PUBLISHED["Llama-2-7B"])
-    assert llama.total == pytest.approx(6.74e9, rel=0.002)
-    v3 = parameter_counts(PUBLISHED["DeepSeek-V3"])
-    assert v3.total == pytest.approx(671e9, rel=0.003)
-    assert v3.active == pytest.approx(37e9, rel=0.03)
+@pytest.mark.parametrize("name, total, active", [
+    ("Llama-2-7B", 6.74e9, 6.74e9), ("Mistral-7B", 7.24e9, 7.24e9),
+    ("Gemma-3-270M", 268.1e6, 268.1e6), ("Qwen3-30B-A3B", 30.5e9, 3.3e9),
+    ("DeepSeek-V3", 671e9, 37e9)])
+def test_published_totals(name, total, active):
+    """The totals their model cards state (DeepSeek-V3: its paper, without the 14 B
+    multi-token-prediction module; Gemma 3 270M: the instantiated transformers model)."""
+    counts = parameter_counts(PUBLISHED_CONFIGS[name])
+    assert counts.total == pytest.approx(total, rel=0.003)
+    assert counts.active == pytest.approx(active, rel=0.03)
