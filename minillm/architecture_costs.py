@@ -56,7 +56,13 @@ class ParameterCounts:
     total: int  # every weight in the checkpoint (tied embeddings counted once)
     active: int  # weights one token's forward pass reads (routed experts: top-k of them)
     embedding: int  # the input embedding table (and the LM head, when untied, separately)
-    lm_head: int
+    lm_head: int  # 0 when the head is the embedding table (tied)
+
+    @property
+    def read_per_token(self) -> int:
+        """Parameters a batch-1 decode step reads: the active ones, less the embedding table
+        (a lookup reads one row) unless it doubles as the LM head."""
+        return self.active - (self.embedding if self.lm_head else 0)
 
 
 def parameter_counts(hf: dict) -> ParameterCounts:

@@ -85,3 +85,5 @@ def test_published_totals(name, total, active):
     counts = parameter_counts(PUBLISHED_CONFIGS[name])
     assert counts.total == pytest.approx(total, rel=0.003)
     assert counts.active == pytest.approx(active, rel=0.03)
+    tied = PUBLISHED_CONFIGS[name].get("tie_word_embeddings", False)
+    assert counts.read_per_token == counts.active - (0 if tied else counts.embedding)
