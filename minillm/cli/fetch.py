@@ -1,7 +1,7 @@
 """``minillm fetch``: prepare the course model and the text corpora, or another model (once).
 
     minillm fetch                  # SmolLM2-135M-Instruct and the corpora
-    minillm fetch gemma3-270m      # Gemma 3 270M (base): ~240 MB download, ~3 min to convert
+    minillm fetch gemma3-270m      # Gemma 3 270M (base): ~240 MB download, minutes to convert
 """
 
 from __future__ import annotations
