@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from .assets import COURSE_MODEL_NAME, AssetError, fetch_course_model
+from .assets.gemma import GEMMA3_NAME, fetch_gemma3
 from .config import ModelConfig
 from .model import Transformer
 from .quant.checkpoint import is_quantized_checkpoint, load_quantized
@@ -40,10 +41,17 @@ def save_model(model: Transformer, directory: str | Path) -> Path:
     return directory
 
 
+# Models the course fetches from the package index by name (once, into $MINILLM_HOME).
+NAMED_MODELS = {"smollm2": fetch_course_model, COURSE_MODEL_NAME.lower(): fetch_course_model,
+                GEMMA3_NAME: fetch_gemma3}
+
+
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
-    """A local directory, the course model (``"smollm2"``), or a Hugging Face hub id."""
-    if str(name_or_path).lower() in ("smollm2", COURSE_MODEL_NAME.lower()):
-        return fetch_course_model()
+    """A local directory, a named course model (``"smollm2"``, ``"gemma3-270m"``; fetched on
+    first use), or a Hugging Face hub id."""
+    fetch_named = NAMED_MODELS.get(str(name_or_path).lower())
+    if fetch_named is not None:
+        return fetch_named()
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -61,7 +69,8 @@ def _download_from_hub(repo_id: str) -> Path:
     except Exception as error:  # network, auth or missing repo: one clear message
         raise AssetError(
             f"could not get {repo_id!r} from the Hugging Face hub ({type(error).__name__}). "
-            "Pass a local checkpoint directory instead, or `smollm2` for the course model."
+            "Pass a local checkpoint directory instead, or `smollm2` for the course model "
+            f"(`{GEMMA3_NAME}` for Gemma 3 270M)."
         ) from error
 
 
@@ -69,8 +78,9 @@ def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.
                attn_backend: str = "sdpa", device: str | torch.device = "cpu") -> Transformer:
     """Build a :class:`Transformer` from a checkpoint and load its weights.
 
-    ``name_or_path``: a local HF checkpoint directory, a hub id, or ``"smollm2"`` (the
-    course model, prepared on first use as by ``minillm fetch``). A directory written by
+    ``name_or_path``: a local HF checkpoint directory, a hub id, ``"smollm2"`` (the
+    course model, prepared on first use as by ``minillm fetch``) or ``"gemma3-270m"``
+    (prepared on first use as by ``minillm fetch gemma3-270m``). A directory written by
     ``minillm quantize`` (:mod:`minillm.quant.checkpoint`) loads with its packed integer
     weights (its float tensors stay fp32; ``dtype`` does not apply).
     """

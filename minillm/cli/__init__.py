@@ -1,6 +1,7 @@
 """The ``minillm`` command: fetch the course assets, generate text, measure perplexity, bench.
 
     minillm fetch                       # SmolLM2 + corpora into $MINILLM_HOME (once)
+    minillm fetch gemma3-270m           # Gemma 3 270M, the second real model (once)
     minillm generate "Once upon a time" --max-new-tokens 40
     minillm generate "What is a KV cache?" --chat --temperature 0.7 --top-p 0.9 --stream
     minillm perplexity --corpus wikipedia --window 512
@@ -27,7 +28,7 @@ from ..assets import AssetError
 from ..grading.grade import GradingError
 
 COMMANDS = {  # name (the module in this package): the line ``minillm --help`` shows
-    "fetch": "prepare the course model and text corpora (once)",
+    "fetch": "prepare the course model and text corpora, or gemma3-270m (once)",
     "generate": "continue a prompt, or answer it with --chat",
     "perplexity": "perplexity on a fixed corpus split",
     "grade": "run the graded tests and print your score",
