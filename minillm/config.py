@@ -1,9 +1,10 @@
-"""ModelConfig: the handful of numbers that define a Llama-family decoder.
+"""ModelConfig: the handful of numbers that define a decoder of one of minillm's families.
 
 Hugging Face ``config.json`` files carry many more fields; we keep only those that
 change the computation, under names that say what they are. ``from_hf`` reads both
 the older layout (``rope_theta``/``rope_scaling`` at the top level) and the newer one
-(``rope_parameters``) that transformers 5 writes.
+(``rope_parameters``) that transformers 5 writes. The defaults are Llama's; the fields
+after ``eos_token_ids`` say how another family differs (read by :mod:`minillm.families`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .families import FULL, SLIDING, family_fields, family_hf_fields, global_rope_parameters
+
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -33,6 +37,17 @@ class ModelConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # how the other families differ from Llama (minillm.families)
+    family: str = "llama"  # Hugging Face's model_type
+    qkv_bias: bool = False  # biases on q, k and v only (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k, before RoPE (Qwen3, Gemma 3)
+    gemma_norms: bool = False  # (1 + w) RMSNorms, and norms after attention and the MLP too
+    hidden_act: str = "silu"  # the MLP's gate: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    embedding_scale: float = 1.0  # embeddings are multiplied by it (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's
+    sliding_window: int | None = None  # sliding layers see only the last this-many tokens
+    layer_types: list[str] | None = None  # per layer: sliding/full_attention (None: all alike)
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads != 0:
@@ -46,6 +61,33 @@ class ModelConfig:
                 f"rope scaling type {rope_type!r} is not supported; "
                 f"minillm implements {', '.join(SUPPORTED_ROPE_TYPES)}."
             )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"activation {self.hidden_act!r} is not supported; minillm "
+                             f"implements {', '.join(ACTIVATIONS)}")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers; the model "
+                             f"has {self.num_layers}")
+
+    def attention_kinds(self) -> list[AttentionKind]:
+        """How each layer attends: its window and which RoPE table it reads."""
+        types = self.layer_types or [SLIDING if self.sliding_window else FULL] * self.num_layers
+        return [AttentionKind(self.sliding_window, self.rope_local_theta is not None)
+                if kind == SLIDING else AttentionKind() for kind in types]
+
+    def has_windows(self) -> bool:
+        return any(kind.window is not None for kind in self.attention_kinds())
+
+    def differences_from_llama(self) -> list[str]:
+        """What this model computes that a Llama block (with or without its optional biases)
+        does not, in words; empty for Llama. Executors and transformations written for the
+        Llama block refuse the rest."""
+        differences = [("biases on q, k and v only", self.qkv_bias), ("QK-norm", self.qk_norm),
+                       ("Gemma's (1 + w) norms around attention and the MLP", self.gemma_norms),
+                       (f"a {self.hidden_act} MLP", self.hidden_act != "silu"),
+                       ("scaled embeddings", self.embedding_scale != 1.0),
+                       ("query_pre_attn_scalar", self.query_pre_attn_scalar is not None),
+                       ("sliding-window layers", self.has_windows())]
+        return [what for what, present in differences if present]
 
     @property
     def queries_per_kv_head(self) -> int:
@@ -53,21 +95,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
-        """Build from a Hugging Face Llama config (a dict, as in config.json)."""
-        if hf.get("model_type") not in (None, "llama", "mistral", "smollm"):
-            raise ValueError(
-                f"model_type {hf.get('model_type')!r} is not a Llama-family decoder; "
-                "minillm loads Llama-architecture checkpoints (Llama, SmolLM, Mistral)."
-            )
-        window = hf.get("sliding_window")
-        if window is not None and window < hf.get("max_position_embeddings", 2048):
-            raise ValueError(
-                f"this config has sliding_window={window}: its attention sees only the last "
-                f"{window} tokens, which minillm's engine does not implement yet (Mistral's "
-                "and Gemma's windows arrive with the model-families work); it would silently "
-                "differ from the model past the window. Use a checkpoint without a window, "
-                "or set sliding_window to null only if the model was trained without one.")
-        rope = dict(hf.get("rope_parameters") or {})
+        """Build from a Hugging Face config of a supported family (a dict, as in config.json)."""
+        family = family_fields(hf)
+        rope = global_rope_parameters(hf)
         rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = hf.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
         if scaling:
@@ -94,6 +124,7 @@ class ModelConfig:
             mlp_bias=hf.get("mlp_bias", False),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            **family,
         )
 
     @classmethod
@@ -108,15 +139,15 @@ class ModelConfig:
         try:
             return cls.from_hf(hf)
         except KeyError as error:
-            raise ValueError(f"{path} has no {error} field; it is not a Llama-family "
-                             "Hugging Face config") from None
+            raise ValueError(f"{path} has no {error} field; it is not a Hugging Face "
+                             "decoder config") from None
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
 
     def to_hf(self) -> dict:
-        """The same model as a Hugging Face ``LlamaConfig`` dict (used by parity tests)."""
+        """The same model as a Hugging Face config dict of its family (``LlamaConfig``'s for
+        Llama; parity tests and ``save_model`` use it)."""
         hf = {
-            "model_type": "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -130,20 +161,34 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
             "mlp_bias": self.mlp_bias,
-            "hidden_act": "silu",
+            **family_hf_fields(self),
         }
-        if self.rope_scaling:
+        if self.rope_scaling and self.family != "gemma3_text":
             hf["rope_scaling"] = dict(self.rope_scaling)
         return hf
 
     def num_parameters(self) -> int:
         """Parameter count from the config alone (embeddings counted once when tied)."""
         d, h = self.hidden_size, self.head_dim
-        attn = d * h * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * h * d
-        mlp = 3 * d * self.intermediate_size
-        per_layer = attn + mlp + 2 * d
+        q_kv = h * (self.num_heads + 2 * self.num_kv_heads)
+        attn = d * q_kv + self.num_heads * h * d
+        attn += q_kv * (self.qkv_bias or self.attention_bias) + d * self.attention_bias
+        attn += 2 * h * self.qk_norm
+        mlp = 3 * d * self.intermediate_size + (2 * self.intermediate_size + d) * self.mlp_bias
+        per_layer = attn + mlp + (4 if self.gemma_norms else 2) * d
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + d
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    """What may differ between the attention layers of one model: a sliding ``window``
+    (None: every earlier token is seen) and whether RoPE uses the local base
+    (``rope_local_theta``, Gemma 3's sliding layers). Layers of one kind share their RoPE
+    tables and attention mask."""
+
+    window: int | None = None
+    local_rope: bool = False
