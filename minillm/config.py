@@ -107,7 +107,7 @@ class ModelConfig:
                 scaling = None
         eos = hf.get("eos_token_id")
         heads = hf["num_attention_heads"]
-        return cls(
+        return cls(**{**dict(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"],
@@ -124,8 +124,7 @@ class ModelConfig:
             mlp_bias=hf.get("mlp_bias", False),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-            **family,
-        )
+        ), **family})
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:

@@ -1,7 +1,7 @@
 """The engine's other parts with the new families: which executors run them (the rest refuse
 with the reason, and ``auto`` falls back), an int8 KV cache under sliding windows, what
-refuses windows (int4 KV, the learner's decode attention), the draft head, and tensor
-parallelism over 2 ranks equal to one process."""
+refuses windows (int4 KV, the learner's decode attention), the draft head, W8A8 weights,
+and tensor parallelism over 2 ranks equal to one process."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from minillm.kv_cache import SlidingWindowKVCache
 from minillm.model import Transformer
 from minillm.reference import generate
 from minillm.sampling import SamplingParams
+from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.checkpoint import copy_tokenizer_files
+from minillm.quant.int8_activations import to_int8_activations
 from minillm.serve import LLM, SchedulerConfig
 
 PARAMS = SamplingParams(max_tokens=10)
@@ -81,6 +83,16 @@ def test_an_int8_kv_cache_masks_the_window_too(checkpoints, family):
         wrong = unwindowed(torch.tensor([prompt + out.tokens]))[0, len(prompt) - 1:-1]
     wrong = wrong.log_softmax(-1)[torch.arange(6), out.tokens]
     assert (got - chosen).abs().max() < min(0.2, (wrong - chosen).abs().max() / 10)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
+def test_w8a8_models_run_in_the_engine(checkpoints, family):
+    """Quantization replaces the linear layers (Qwen2's biases kept) and nothing else: the
+    quantized model's engine tokens are its dense loop's."""
+    model = to_int8_activations(quantize_model(load_model(checkpoints[family]), "rtn",
+                                               QuantScheme(8, symmetric=True, group_size=None)))
+    expected = [generate(model, p, 10, PARAMS)[0] for p in PROMPTS]
+    assert tokens(LLM(model, block_size=4, num_blocks=64, executor="eager")) == expected
 
 
 def test_what_cannot_mask_a_window_refuses_it(checkpoints):
