@@ -43,7 +43,8 @@ def family_fields(hf: dict) -> dict:
     if family == "qwen3":
         fields["qk_norm"] = True
     if family == "gemma3_text":
-        fields.update(tie_word_embeddings=hf.get("tie_word_embeddings", True), qk_norm=True, gemma_norms=True, hidden_act="gelu_pytorch_tanh",
+        fields.update(tie_word_embeddings=hf.get("tie_word_embeddings", True), qk_norm=True,
+                      gemma_norms=True, hidden_act="gelu_pytorch_tanh",
                       embedding_scale=hf["hidden_size"] ** 0.5,
                       query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
                       rope_local_theta=float(_local_rope_theta(hf)))

@@ -16,11 +16,11 @@ from minillm.draft_head.head import DraftHead
 from minillm.engine.executors import auto_executor, resolve_executor
 from minillm.kv_cache import SlidingWindowKVCache
 from minillm.model import Transformer
-from minillm.reference import generate
-from minillm.sampling import SamplingParams
 from minillm.quant import QuantScheme, quantize_model
 from minillm.quant.checkpoint import copy_tokenizer_files
 from minillm.quant.int8_activations import to_int8_activations
+from minillm.reference import generate
+from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 
 PARAMS = SamplingParams(max_tokens=10)
