@@ -2,7 +2,7 @@
 
 A checkpoint is a directory with ``config.json`` and weights in safetensors files (one
 ``model.safetensors``, or shards listed in ``model.safetensors.index.json``): the course
-model, any local checkpoint of a family :mod:`minillm.families` reads, a hub id, or a
+model, any local checkpoint of a family :mod:`minillm.config` reads, a hub id, or a
 directory written by ``minillm quantize``. Reading tensors and mapping names is in
 :mod:`minillm.weights`.
 """

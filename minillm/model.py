@@ -8,7 +8,7 @@ Attention has separate query and key/value head counts, so MHA (equal counts), G
 delegated to a backend from :mod:`minillm.attention`, chosen by name.
 
 The other families differ by a few components the config switches on
-(:mod:`minillm.families`): q/k/v biases (Qwen2), a norm over each head of q and k
+(:mod:`minillm.config`): q/k/v biases (Qwen2), a norm over each head of q and k
 (``q_norm``/``k_norm``: Qwen3, Gemma 3), Gemma's ``(1 + w)`` norm also on the outputs of
 attention and the MLP (``attn_out_norm``/``mlp_out_norm``; identities elsewhere), a GELU
 gate, scaled embeddings, and layers of several :class:`~minillm.config.AttentionKind`:
