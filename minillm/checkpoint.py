@@ -1,9 +1,10 @@
-"""Load Hugging Face Llama-family checkpoints into :class:`minillm.model.Transformer`.
+"""Load Hugging Face checkpoints of minillm's families into :class:`minillm.model.Transformer`.
 
 A checkpoint is a directory with ``config.json`` and weights in safetensors files (one
 ``model.safetensors``, or shards listed in ``model.safetensors.index.json``): the course
-model, any local Llama-family checkpoint, a hub id, or a directory written by
-``minillm quantize``. Reading tensors and mapping names is in :mod:`minillm.weights`.
+model, any local checkpoint of a family :mod:`minillm.config` reads, a hub id, or a
+directory written by ``minillm quantize``. Reading tensors and mapping names is in
+:mod:`minillm.weights`.
 """
 
 from __future__ import annotations
@@ -21,16 +22,22 @@ from .model import Transformer
 from .quant.checkpoint import is_quantized_checkpoint, load_quantized
 from .weights import load_state_dict, load_weights, minillm_to_hf_name
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM",
+                 "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
-    """Write ``model`` as a Hugging Face Llama checkpoint (config.json + model.safetensors)."""
+    """Write ``model`` as a Hugging Face checkpoint of its family (config.json +
+    model.safetensors): a Llama's as ``LlamaForCausalLM``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {minillm_to_hf_name(k): v.detach().contiguous()
+    family = model.config.family
+    state = {minillm_to_hf_name(k, family): v.detach().contiguous()
              for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    hf_config = {**model.config.to_hf(), "architectures": ["LlamaForCausalLM"],
+    hf_config = {**model.config.to_hf(), "architectures": [ARCHITECTURES[family]],
                  "torch_dtype": str(model.embed_tokens.weight.dtype).removeprefix("torch.")}
     if model.config.bos_token_id is not None:
         hf_config["bos_token_id"] = model.config.bos_token_id
@@ -93,6 +100,7 @@ def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.
     config = ModelConfig.from_json(config_file)
     with torch.device("meta"):
         model = Transformer(config, attn_backend=attn_backend)
-    load_weights(model, load_state_dict(directory), f"checkpoint {directory}", assign=True)
-    model.rope = type(model.rope)(config)  # buffers were on the meta device; build them for real
+    load_weights(model, load_state_dict(directory, config.family), f"checkpoint {directory}",
+                 assign=True)
+    model.build_rope()  # buffers were on the meta device; build them for real
     return model.to(device=device, dtype=dtype).eval()

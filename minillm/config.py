@@ -1,9 +1,32 @@
-"""ModelConfig: the handful of numbers that define a Llama-family decoder.
+"""ModelConfig: the handful of numbers that define a decoder of one of minillm's families.
 
 Hugging Face ``config.json`` files carry many more fields; we keep only those that
 change the computation, under names that say what they are. ``from_hf`` reads both
 the older layout (``rope_theta``/``rope_scaling`` at the top level) and the newer one
-(``rope_parameters``) that transformers 5 writes.
+(``rope_parameters``) that transformers 5 writes. The defaults are Llama's; the fields
+after ``eos_token_ids`` say how another family differs.
+
+Every family runs through the one decoder of :mod:`minillm.model`; what differs between
+them is configuration, read here (``family_fields``), and the few small components it
+switches on:
+
+=============  ==============================================================================
+family         differences from Llama
+=============  ==============================================================================
+llama, smollm  none
+mistral        a sliding window: each token attends to the last ``sliding_window`` tokens
+qwen2          biases on the q, k and v projections (Qwen2 and Qwen2.5)
+qwen3          RMSNorm over each head of q and k, before RoPE ("QK-norm")
+gemma3_text    the ``(1 + w)`` RMSNorm, four norms per block (around attention and the MLP),
+               GeGLU with tanh-GELU, embeddings times √hidden, QK-norm, scores scaled by
+               ``query_pre_attn_scalar``⁻½, and local (sliding-window) layers between global
+               ones, each kind with its own RoPE base
+=============  ==============================================================================
+
+Qwen2 and Qwen3 configs may ask for sliding windows too (``use_sliding_window``, on the
+layers from ``max_window_layers`` up); those are read the same way as Gemma's layer types.
+Mixture-of-experts and multi-head latent attention models are other families, refused here
+with the list of the supported ones.
 """
 
 from __future__ import annotations
@@ -12,6 +35,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+FAMILIES = ("llama", "smollm", "mistral", "qwen2", "qwen3", "gemma3_text")  # model_type
+SLIDING, FULL = "sliding_attention", "full_attention"  # Hugging Face's layer_types
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -33,6 +59,17 @@ class ModelConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # how the other families differ from Llama (minillm.families)
+    family: str = "llama"  # Hugging Face's model_type
+    qkv_bias: bool = False  # biases on q, k and v only (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k, before RoPE (Qwen3, Gemma 3)
+    gemma_norms: bool = False  # (1 + w) RMSNorms, and norms after attention and the MLP too
+    hidden_act: str = "silu"  # the MLP's gate: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    embedding_scale: float = 1.0  # embeddings are multiplied by it (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's
+    sliding_window: int | None = None  # sliding layers see only the last this-many tokens
+    layer_types: list[str] | None = None  # per layer: sliding/full_attention (None: all alike)
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads != 0:
@@ -46,6 +83,33 @@ class ModelConfig:
                 f"rope scaling type {rope_type!r} is not supported; "
                 f"minillm implements {', '.join(SUPPORTED_ROPE_TYPES)}."
             )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"activation {self.hidden_act!r} is not supported; minillm "
+                             f"implements {', '.join(ACTIVATIONS)}")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers; the model "
+                             f"has {self.num_layers}")
+
+    def attention_kinds(self) -> list[AttentionKind]:
+        """How each layer attends: its window and which RoPE table it reads."""
+        types = self.layer_types or [SLIDING if self.sliding_window else FULL] * self.num_layers
+        return [AttentionKind(self.sliding_window, self.rope_local_theta is not None)
+                if kind == SLIDING else AttentionKind() for kind in types]
+
+    def has_windows(self) -> bool:
+        return any(kind.window is not None for kind in self.attention_kinds())
+
+    def differences_from_llama(self) -> list[str]:
+        """What this model computes that a Llama block (with or without its optional biases)
+        does not, in words; empty for Llama. Executors and transformations written for the
+        Llama block refuse the rest."""
+        differences = [("biases on q, k and v only", self.qkv_bias), ("QK-norm", self.qk_norm),
+                       ("Gemma's (1 + w) norms around attention and the MLP", self.gemma_norms),
+                       (f"a {self.hidden_act} MLP", self.hidden_act != "silu"),
+                       ("scaled embeddings", self.embedding_scale != 1.0),
+                       ("query_pre_attn_scalar", self.query_pre_attn_scalar is not None),
+                       ("sliding-window layers", self.has_windows())]
+        return [what for what, present in differences if present]
 
     @property
     def queries_per_kv_head(self) -> int:
@@ -53,21 +117,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
-        """Build from a Hugging Face Llama config (a dict, as in config.json)."""
-        if hf.get("model_type") not in (None, "llama", "mistral", "smollm"):
-            raise ValueError(
-                f"model_type {hf.get('model_type')!r} is not a Llama-family decoder; "
-                "minillm loads Llama-architecture checkpoints (Llama, SmolLM, Mistral)."
-            )
-        window = hf.get("sliding_window")
-        if window is not None and window < hf.get("max_position_embeddings", 2048):
-            raise ValueError(
-                f"this config has sliding_window={window}: its attention sees only the last "
-                f"{window} tokens, which minillm's engine does not implement yet (Mistral's "
-                "and Gemma's windows arrive with the model-families work); it would silently "
-                "differ from the model past the window. Use a checkpoint without a window, "
-                "or set sliding_window to null only if the model was trained without one.")
-        rope = dict(hf.get("rope_parameters") or {})
+        """Build from a Hugging Face config of a supported family (a dict, as in config.json)."""
+        family = family_fields(hf)
+        rope = global_rope_parameters(hf)
         rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = hf.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
         if scaling:
@@ -77,7 +129,7 @@ class ModelConfig:
                 scaling = None
         eos = hf.get("eos_token_id")
         heads = hf["num_attention_heads"]
-        return cls(
+        return cls(**{**dict(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"],
@@ -94,7 +146,7 @@ class ModelConfig:
             mlp_bias=hf.get("mlp_bias", False),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-        )
+        ), **family})
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
@@ -108,15 +160,15 @@ class ModelConfig:
         try:
             return cls.from_hf(hf)
         except KeyError as error:
-            raise ValueError(f"{path} has no {error} field; it is not a Llama-family "
-                             "Hugging Face config") from None
+            raise ValueError(f"{path} has no {error} field; it is not a Hugging Face "
+                             "decoder config") from None
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
 
     def to_hf(self) -> dict:
-        """The same model as a Hugging Face ``LlamaConfig`` dict (used by parity tests)."""
+        """The same model as a Hugging Face config dict of its family (``LlamaConfig``'s for
+        Llama; parity tests and ``save_model`` use it)."""
         hf = {
-            "model_type": "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -130,20 +182,156 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
             "mlp_bias": self.mlp_bias,
-            "hidden_act": "silu",
+            **family_hf_fields(self),
         }
-        if self.rope_scaling:
+        if self.rope_scaling and self.family != "gemma3_text":
             hf["rope_scaling"] = dict(self.rope_scaling)
         return hf
 
     def num_parameters(self) -> int:
         """Parameter count from the config alone (embeddings counted once when tied)."""
         d, h = self.hidden_size, self.head_dim
-        attn = d * h * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * h * d
-        mlp = 3 * d * self.intermediate_size
-        per_layer = attn + mlp + 2 * d
+        q_kv = h * (self.num_heads + 2 * self.num_kv_heads)
+        attn = d * q_kv + self.num_heads * h * d
+        attn += q_kv * (self.qkv_bias or self.attention_bias) + d * self.attention_bias
+        attn += 2 * h * self.qk_norm
+        mlp = 3 * d * self.intermediate_size + (2 * self.intermediate_size + d) * self.mlp_bias
+        per_layer = attn + mlp + (4 if self.gemma_norms else 2) * d
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + d
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    """What may differ between the attention layers of one model: a sliding ``window``
+    (None: every earlier token is seen) and whether RoPE uses the local base
+    (``rope_local_theta``, Gemma 3's sliding layers). Layers of one kind share their RoPE
+    tables and attention mask."""
+
+    window: int | None = None
+    local_rope: bool = False
+
+
+# -- families: reading and writing the fields that tell them apart --------------------
+
+
+
+def family_fields(hf: dict) -> dict:
+    """The :class:`~minillm.config.ModelConfig` fields that tell the families apart, read
+    from a Hugging Face config dict (the fields every family shares are read by
+    ``ModelConfig.from_hf``)."""
+    family = hf.get("model_type") or "llama"
+    if family not in FAMILIES:
+        raise ValueError(f"model_type {family!r} is not a family minillm implements; it loads "
+                         f"{', '.join(FAMILIES)} checkpoints (dense decoders)")
+    _refuse_unsupported(hf)
+    fields = {"family": family, **_windows(hf)}
+    if family == "qwen2":
+        fields["qkv_bias"] = True
+    if family == "qwen3":
+        fields["qk_norm"] = True
+    if family == "gemma3_text":
+        fields.update(tie_word_embeddings=hf.get("tie_word_embeddings", True), qk_norm=True,
+                      gemma_norms=True, hidden_act="gelu_pytorch_tanh",
+                      embedding_scale=hf["hidden_size"] ** 0.5,
+                      query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+                      rope_local_theta=float(_local_rope_theta(hf)))
+    act = hf.get("hidden_activation") or hf.get("hidden_act")
+    if act is not None:
+        fields["hidden_act"] = act
+    return fields
+
+
+def global_rope_parameters(hf: dict) -> dict:
+    """The RoPE parameters of the model's global (or only) layers: transformers 5 nests
+    Gemma 3's under ``rope_parameters["full_attention"]``."""
+    rope = dict(hf.get("rope_parameters") or {})
+    return dict(rope.get(FULL) or {}) if FULL in rope else rope
+
+
+def _local_rope_theta(hf: dict) -> float:
+    """Gemma 3's RoPE base for its local layers: ``rope_local_base_freq`` in older configs,
+    ``rope_parameters["sliding_attention"]["rope_theta"]`` in transformers 5's."""
+    local = (hf.get("rope_parameters") or {}).get(SLIDING) or {}
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"the local layers' rope type {local['rope_type']!r} is not "
+                         "supported; minillm gives Gemma's local layers the default RoPE")
+    return local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))
+
+
+def _windows(hf: dict) -> dict:
+    """``sliding_window`` and ``layer_types``: which layers attend to a window only. A
+    window as long as the context hides nothing and is dropped."""
+    window = hf.get("sliding_window")
+    if hf.get("model_type") in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+        window = None
+    if window is None or window >= hf.get("max_position_embeddings", 2048):
+        return {}
+    layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None and hf.get("model_type") == "gemma3_text":
+        pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
+    elif types is None and hf.get("model_type") in ("qwen2", "qwen3"):
+        first = hf.get("max_window_layers", layers)
+        types = [SLIDING if i >= first else FULL for i in range(layers)]
+    if types is not None and set(types) - {SLIDING, FULL}:
+        raise ValueError(f"layer_types {sorted(set(types) - {SLIDING, FULL})} are not "
+                         f"supported; minillm knows {SLIDING!r} and {FULL!r}")
+    return {"sliding_window": window, "layer_types": None if types is None else list(types)}
+
+
+def _refuse_unsupported(hf: dict) -> None:
+    """Refuse options that would change the computation in ways minillm does not follow."""
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(name) is not None:
+            raise ValueError(f"{name}={hf[name]} (Gemma 2's tanh soft-capping) is not "
+                             "implemented; minillm runs Gemma 3, which has none")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=True (an encoder-style Gemma) is not "
+                         "a causal decoder; minillm runs causal language models only")
+
+
+def family_hf_fields(config) -> dict:
+    """The family-specific fields of a Hugging Face config for ``config`` (the inverse of
+    :func:`family_fields`), so a saved model loads back, here and in transformers."""
+    fields = {"model_type": config.family}
+    if config.sliding_window is not None:
+        fields["sliding_window"] = config.sliding_window
+        if config.layer_types is not None:
+            fields["layer_types"] = list(config.layer_types)
+        if config.family in ("qwen2", "qwen3"):
+            fields["use_sliding_window"] = True
+    elif config.family in ("mistral", "gemma3_text", "qwen2", "qwen3"):
+        fields["sliding_window"] = None
+    if config.family == "gemma3_text":
+        fields.update(hidden_activation=config.hidden_act,
+                      query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
+                      rope_parameters={FULL: {"rope_type": "default", **(config.rope_scaling or {}),
+                                              "rope_theta": config.rope_theta},
+                                       SLIDING: {"rope_type": "default",
+                                                 "rope_theta": config.rope_local_theta}})
+    else:
+        fields["hidden_act"] = config.hidden_act
+    return fields
+
+
+def _int_if_whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+# Hugging Face's names of a block's modules -> ours (a Gemma block has four norms: its
+# ``post_attention_layernorm`` is the norm of the attention's output, not the MLP's input)
+LLAMA_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
+                     "self_attn": "attn"}
+GEMMA_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_out_norm",
+                     "pre_feedforward_layernorm": "mlp_norm",
+                     "post_feedforward_layernorm": "mlp_out_norm", "self_attn": "attn"}
+
+
+def layer_names(family: str) -> dict[str, str]:
+    """Hugging Face's module names inside a decoder layer, mapped to minillm's."""
+    return GEMMA_LAYER_NAMES if family == "gemma3_text" else LLAMA_LAYER_NAMES

@@ -17,33 +17,29 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .assets import AssetError
-
-_LAYER_RENAMES = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "mlp_norm",
-    "self_attn": "attn",
-}
-_LAYER_RENAMES_BACK = {ours: theirs for theirs, ours in _LAYER_RENAMES.items()}
+from .config import layer_names
 
 
-def hf_to_minillm_name(name: str) -> str:
-    """``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attn.q_proj.weight``."""
+def hf_to_minillm_name(name: str, family: str = "llama") -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attn.q_proj.weight`` (a
+    block's module names depend on the family: :func:`~minillm.config.layer_names`)."""
     name = name.removeprefix("model.")
     match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
     if match:
         index, module, rest = match.groups()
-        return f"layers.{index}.{_LAYER_RENAMES.get(module, module)}.{rest}"
+        return f"layers.{index}.{layer_names(family).get(module, module)}.{rest}"
     return name
 
 
-def minillm_to_hf_name(name: str) -> str:
+def minillm_to_hf_name(name: str, family: str = "llama") -> str:
     """The inverse of :func:`hf_to_minillm_name`."""
     if name == "lm_head.weight":
         return name
     match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
     if match:
         index, module, rest = match.groups()
-        name = f"layers.{index}.{_LAYER_RENAMES_BACK.get(module, module)}.{rest}"
+        back = {ours: theirs for theirs, ours in layer_names(family).items()}
+        name = f"layers.{index}.{back.get(module, module)}.{rest}"
     return "model." + name
 
 
@@ -64,8 +60,8 @@ def weight_files(directory: Path) -> list[Path]:
     raise AssetError(f"no model.safetensors or model.safetensors.index.json in {directory}.")
 
 
-def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint, renamed to minillm's module names."""
+def load_state_dict(directory: Path, family: str = "llama") -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint of ``family``, renamed to minillm's module names."""
     state = {}
     for file in weight_files(directory):
         try:
@@ -74,7 +70,7 @@ def load_state_dict(directory: Path) -> dict[str, torch.Tensor]:
             raise AssetError(f"{file} is not a readable safetensors file ({error}). "
                              "Re-download it (for the course model: `minillm fetch --force`).") \
                 from error
-        state.update({hf_to_minillm_name(k): v for k, v in tensors.items()})
+        state.update({hf_to_minillm_name(k, family): v for k, v in tensors.items()})
     return state
 
 

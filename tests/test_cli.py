@@ -51,7 +51,7 @@ def test_too_many_new_tokens_names_the_limit(capsys, tmp_path, tokenizer):
 
 @pytest.mark.parametrize("config_text, message", [
     ('{"vocab_size": ', "is not valid JSON"),
-    ('{"model_type": "gpt2", "vocab_size": 5}', "is not a Llama-family decoder"),
+    ('{"model_type": "gpt2", "vocab_size": 5}', "is not a family minillm implements"),
     ('{"model_type": "llama", "vocab_size": 5}', "has no 'num_attention_heads' field"),
 ])
 def test_a_bad_config_names_the_file(capsys, tmp_path, config_text, message):

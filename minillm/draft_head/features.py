@@ -64,8 +64,8 @@ class Answer:
 def final_hidden(target: Transformer, tokens: list[int]) -> torch.Tensor:
     """The target's final hidden states (before the norm) over ``tokens`` [T, hidden]."""
     ids = torch.tensor([tokens], device=target.device)
-    rope_cos, rope_sin, mask = target.attention_inputs(len(tokens), target.device)
-    return target.run_layers(target.embed_tokens(ids), rope_cos, rope_sin, mask)[0].float()
+    inputs = target.layer_inputs(len(tokens), target.device)
+    return target.run_layers(target.embed(ids), inputs)[0].float()
 
 
 def teacher_answers(target: Transformer, prompts: list[list[int]], answers: list[list[int]],

@@ -50,6 +50,9 @@ class DraftHead(nn.Module):
             raise ValueError(f"vocab holds ids outside the target's 0..{config.vocab_size - 1}")
         if len(set(vocab.tolist())) != len(vocab):
             raise ValueError("vocab holds a token id twice")
+        if differences := config.differences_from_llama():
+            raise ValueError(f"a draft head is one Llama block; this target has "
+                             f"{', '.join(differences)}: train heads for Llama-family targets")
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)

@@ -24,7 +24,9 @@ pool and the description together, as a :class:`PagedAttention`, and in every la
    attention backend (so ``set_attention_backend`` and the learner's attention work in the
    engine): the decodes together, in one call over their gathered blocks, each prefill
    chunk on its own, with a causal mask aligned to the end of its keys (the chunk's
-   queries are the sequence's last tokens). With ``decode_attention`` (the lab of chapter
+   queries are the sequence's last tokens). A layer with a sliding window (Mistral, Gemma
+   3's local layers: :meth:`~minillm.config.ModelConfig.attention_kinds`) masks the keys
+   more than its window behind each query too. With ``decode_attention`` (the lab of chapter
    12) one call of that function does this for every sequence, through the block tables.
 
 This is the readable path, the eager executor's. The fast decode executors read the same
@@ -93,6 +95,12 @@ class PagedKVCache:
         if self.quantized and decode_attention is not None:
             raise ValueError("decode_attention= reads a float pool: leave kv_cache_dtype at "
                              "None (float32) to run it")
+        self.windows = [kind.window for kind in config.attention_kinds()]  # per layer
+        if any(self.windows) and (decode_attention is not None or self.kv_cache_dtype == "int4"):
+            raise ValueError(f"this {config.family} model has sliding-window layers, which "
+                             f"{'decode_attention=' if decode_attention else 'the int4 KV cache'}"
+                             " does not mask: use a float32 or int8 KV cache and the built-in "
+                             "attention")
         self.decode_attention = decode_attention
         self.num_blocks, self.block_size = num_blocks, block_size
         self.int4 = Int4Pool(config, num_blocks, block_size, device) \
@@ -183,42 +191,50 @@ class PagedAttention:
             return out.transpose(0, 1)[None]
         if cache.int4 is not None:
             return _attend_int4(q, cache.int4, layer, meta).transpose(0, 1)[None]
-        decodes = meta.num_decodes
+        decodes, window = meta.num_decodes, cache.windows[layer]
         if decodes:
             out[:decodes] = _attend_decodes(q[:decodes], cache, layer,
                                             meta.block_tables[:decodes],
-                                            meta.context_lens[:decodes], backend)
+                                            meta.context_lens[:decodes], backend, window)
         for s, start, n, length in meta.chunks:
             chunk = q[start:start + n].transpose(0, 1)[None]
             out[start:start + n] = _attend_chunk(chunk, cache, layer,
                                                  meta.block_tables[s:s + 1], length,
-                                                 backend)[0].transpose(0, 1)
+                                                 backend, window)[0].transpose(0, 1)
         return out.transpose(0, 1)[None]
 
 
 def _attend_decodes(q: torch.Tensor, cache: PagedKVCache, layer: int, block_tables,
-                    context_lens, backend) -> torch.Tensor:
+                    context_lens, backend, window: int | None = None) -> torch.Tensor:
     """One query per sequence, q [seqs, heads, head_dim], over its gathered blocks, keys
-    past its length masked; -> [seqs, heads, head_dim]."""
-    if q.is_cuda and not cache.quantized:
+    past its length (and, with a ``window``, ``window`` or more behind it) masked;
+    -> [seqs, heads, head_dim]."""
+    if q.is_cuda and not cache.quantized and window is None:
         from ..kernels.paged_attention import paged_decode_attention  # Triton: on a GPU only
 
         return paged_decode_attention(q, cache.keys[layer], cache.values[layer], block_tables,
                                       context_lens)
     keys, values = cache.gather(layer, block_tables)
-    visible = torch.arange(keys.shape[2], device=q.device) < context_lens[:, None]
+    steps = torch.arange(keys.shape[2], device=q.device)
+    visible = steps < context_lens[:, None]
+    if window is not None:
+        visible &= steps > context_lens[:, None] - 1 - window
     return backend(q[:, :, None], keys.to(q.dtype), values.to(q.dtype),
                    visible[:, None, None])[:, :, 0]
 
 
 def _attend_chunk(q: torch.Tensor, cache: PagedKVCache, layer: int, block_table,
-                  length: int, backend) -> torch.Tensor:
+                  length: int, backend, window: int | None = None) -> torch.Tensor:
     """A sequence's last n tokens' queries [1, heads, n, head_dim] over its first
-    ``length`` cached tokens: causal, aligned to the end of the keys."""
+    ``length`` cached tokens: causal, aligned to the end of the keys, and with a
+    ``window``, each query sees its last ``window`` tokens only."""
     keys, values = (t[:, :, :length] for t in cache.gather(layer, block_table))
     n = q.shape[2]
-    query_steps = torch.arange(length - n, length, device=q.device)
-    causal = torch.arange(length, device=q.device)[None] <= query_steps[:, None]
+    query_steps = torch.arange(length - n, length, device=q.device)[:, None]
+    key_steps = torch.arange(length, device=q.device)[None]
+    causal = key_steps <= query_steps
+    if window is not None:
+        causal &= key_steps > query_steps - window
     return backend(q, keys.to(q.dtype), values.to(q.dtype), causal[None, None])
 
 

@@ -89,14 +89,14 @@ def load_shard(name_or_path: str | Path, rank: int, world: int, *,
     for file in weight_files(directory):
         with safe_open(file, framework="pt") as handle:
             for key in handle.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
-                name = rank_model_name(hf_to_minillm_name(key), shard_attention)
+                name = rank_model_name(hf_to_minillm_name(key, config.family), shard_attention)
                 if name in wanted:
-                    dim = split_dim(hf_to_minillm_name(key), shard_attention)
+                    dim = split_dim(hf_to_minillm_name(key, config.family), shard_attention)
                     state[name] = _read_slice(handle, key, dim, rank, world)
     load_weights(model, state, f"checkpoint {directory}", assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    model.rope = type(model.rope)(config)  # its buffers were on the meta device
+    model.build_rope()  # its buffers were on the meta device
     return model.to(dtype=dtype).eval()
 
 

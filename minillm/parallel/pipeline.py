@@ -245,10 +245,11 @@ class PipelineStage(nn.Module):
         """The dtype of the hidden states passed between stages."""
         return self.layers[0].attn_norm.weight.dtype
 
-    def forward(self, x, rope_cos, rope_sin, mask):
+    def forward(self, x, inputs):
+        """``inputs``: the whole model's :meth:`~minillm.model.Transformer.layer_inputs`."""
         if self.is_first:
-            x = self.model.embed_tokens(x)
-        x = self.model.run_layers(x, rope_cos, rope_sin, mask)
+            x = self.model.embed(x)
+        x = self.model.run_layers(x, inputs)
         return self.model.head(x) if self.is_last else x
 
 
@@ -290,7 +291,7 @@ def pipeline_forward(stage: PipelineStage, input_ids: torch.Tensor,
                          "equal micro-batches; choose a micro-batch count that divides the "
                          "batch size")
     size = batch // microbatches
-    rope_cos, rope_sin, mask = stage.model.attention_inputs(seq, input_ids.device)
+    inputs = stage.model.layer_inputs(seq, input_ids.device)
     in_transit, outputs, timeline = [], [], []
     dist.barrier()
     origin = time.perf_counter()
@@ -301,7 +302,7 @@ def pipeline_forward(stage: PipelineStage, input_ids: torch.Tensor,
             x = torch.empty(size, seq, stage.config.hidden_size, dtype=stage.dtype)
             dist.recv(x, src=stage.rank - 1, tag=i)
         start = time.perf_counter() - origin
-        y = stage(x, rope_cos, rope_sin, mask)
+        y = stage(x, inputs)
         timeline.append(Event(stage.rank, i, "F", start, time.perf_counter() - origin))
         if stage.is_last:
             outputs.append(y)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..model import Attention, Block, RMSNorm
+from ..model import Attention, Block, GemmaRMSNorm, RMSNorm
 
 
 def tie_to_kv_heads(values: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
@@ -36,6 +36,9 @@ def fold_into_norm(norm: RMSNorm, linears: Sequence[nn.Linear], scales: torch.Te
     """In place: RMSNorm weight ÷ s, following linears' input columns × s. The float model
     computes the same function, (W·diag(s))·(x/s) = W·x."""
     _check_scales(scales, linears)
+    if isinstance(norm, GemmaRMSNorm):
+        raise ValueError("a Gemma norm multiplies by (1 + w): dividing w by the scales would "
+                         "not divide its output; AWQ folds into Llama-style RMSNorms only")
     norm.weight.div_(scales)
     for linear in linears:
         linear.weight.mul_(scales)

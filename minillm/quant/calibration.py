@@ -118,9 +118,9 @@ def blocks_with_inputs(model: Transformer, windows: torch.Tensor, batch_size: in
     The caller may change the block (quantize it) before asking for the next one: the next
     block's inputs are then computed by the changed block.
     """
-    rope_cos, rope_sin, mask = model.attention_inputs(windows.shape[1], windows.device)
-    hidden = torch.cat([model.embed_tokens(chunk) for chunk in windows.split(batch_size)])
+    kinds = model.layer_inputs(windows.shape[1], windows.device)
+    hidden = torch.cat([model.embed(chunk) for chunk in windows.split(batch_size)])
     for index, block in enumerate(tqdm(model.layers, desc=desc, disable=not progress)):
-        inputs = BlockInputs(hidden, rope_cos, rope_sin, mask, batch_size)
+        inputs = BlockInputs(hidden, *kinds[block.kind], batch_size)
         yield index, block, inputs
         hidden = inputs.run(block)

@@ -95,8 +95,8 @@ def quantize_model_rtn(model: nn.Module, scheme: QuantScheme, *,
 def model_nbytes(model: nn.Module) -> int:
     """Bytes of all parameters and buffers, each tensor counted once (tied weights once)."""
     tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
-    rope = {model.rope.cos.data_ptr(), model.rope.sin.data_ptr()} if hasattr(model, "rope") \
-        else set()
+    tables = [getattr(model, name, None) for name in ("rope", "local_rope")]
+    rope = {t.data_ptr() for table in tables if table is not None for t in (table.cos, table.sin)}
     return sum(t.nbytes for ptr, t in tensors.items() if ptr not in rope)
 
 

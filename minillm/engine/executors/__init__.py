@@ -18,6 +18,12 @@ not the default: a learner's attention then runs in every step. An int8 KV cache
 (``kv_cache_dtype="int8"``) is read by the native and eager executors, not the compiled
 one (its attention op takes float32 pools): ``auto`` then skips it. An int4 (KIVI) KV
 cache is read by the eager executor alone.
+
+Families (:mod:`minillm.config`): the eager executor runs every one. The native
+executor runs the Llama block only (Llama, SmolLM, Mistral without a window); the compiled
+one runs the model's own modules, so every family without sliding-window layers (Qwen2,
+Qwen3; not Mistral's window nor Gemma 3's local layers, which its attention op cannot
+mask). ``auto`` falls back to what the model allows, eager for Gemma 3.
 """
 
 from __future__ import annotations

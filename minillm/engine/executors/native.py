@@ -53,6 +53,9 @@ def native_problem(model: Transformer) -> str | None:
     """Why ``model``'s decode steps cannot run natively, or None."""
     if model.dtype != torch.float32:
         return f"native steps run float32 activations, not {model.dtype}"
+    if differences := model.config.differences_from_llama():
+        return (f"native steps run the Llama block; this model has {', '.join(differences)} "
+                f"(a {model.config.family} model)")
     for index, block in enumerate(model.layers):
         for layer in map(_unwrapped, _linears(block)):
             if type(layer) not in NATIVE_LAYERS or layer.bias is not None:
