@@ -64,7 +64,7 @@ def run(args) -> None:
     # which fixes its cache directory on import (transformers' tokenizer loading does).
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(minillm_home() / "inductor"))
     model, tokenizer = load(args)
-    prompt = tokenizer.chat_prompt(args.prompt) if args.chat else tokenizer.encode(args.prompt)
+    prompt = tokenizer.chat_prompt(args.prompt) if args.chat else tokenizer.prompt(args.prompt)
     room = model.config.max_position_embeddings - len(prompt)
     if args.max_new_tokens > room:
         raise ValueError(f"the prompt takes {len(prompt)} of the model's "

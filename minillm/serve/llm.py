@@ -124,7 +124,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass token ids")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.prompt(prompt)
         return [int(t) for t in prompt]
 
     def abort(self, request_id: int, index: int | None = None) -> None:

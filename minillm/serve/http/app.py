@@ -119,7 +119,7 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
     @app.post("/v1/completions", responses=_documented(400, 401, 404, 500, 503, streams=True))
     async def completions(body: CompletionRequest):
         prompts = body.prompts()
-        requests, updates = await start(body, [llm.tokenizer.encode(p) if isinstance(p, str)
+        requests, updates = await start(body, [llm.tokenizer.prompt(p) if isinstance(p, str)
                                                else p for p in prompts])
         completion_choice = partial(_completion_choice, llm.tokenizer)
         echoes, openings = [""] * len(prompts), []
@@ -134,7 +134,10 @@ def create_app(llm: LLM, model_name: str = "smollm2", *,
     @app.post("/v1/chat/completions",
               responses=_documented(400, 401, 404, 500, 503, streams=True))
     async def chat_completions(body: ChatRequest):
-        prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
+        try:
+            prompt = llm.tokenizer.conversation_prompt([m.model_dump() for m in body.messages])
+        except ValueError as error:  # a base model has no chat template
+            raise ApiError(400, str(error), param="messages") from None
         requests, updates = await start(body, [prompt])
         roles = [{"index": index, "delta": {"role": "assistant", "content": ""},
                   "finish_reason": None} for index in range(body.n)]  # OpenAI's first chunks
