@@ -14,8 +14,9 @@ $(BIN)/minillm: pyproject.toml
 
 setup: $(BIN)/minillm  ## virtual environment with minillm and its tools
 
-fetch: setup  ## the course model and corpora into $MINILLM_HOME (once)
+fetch: setup  ## the course models (SmolLM2, Gemma 3 270M) and corpora into $MINILLM_HOME (once)
 	$(BIN)/minillm fetch
+	$(BIN)/minillm fetch gemma3-270m
 
 course: fetch  ## the quick start: set up, fetch, one generation with the engine, the website
 	$(BIN)/minillm generate "What is a KV cache? Answer in one sentence." --chat --max-new-tokens 60
