@@ -1,0 +1,123 @@
+"""Chapter 18: mixture of experts — the top-k router and the grouped expert dispatch.
+
+The lab is :func:`route_top_k` and :func:`grouped_expert_forward`, the two halves of the
+library's MoE layer (:mod:`minillm.moe`). The rest of this file is given: it cuts each
+dense SwiGLU MLP of a model into experts (:class:`SlicedMoE`; with every expert active
+and weight 1 it is exactly the dense MLP, the observation behind MoEfication, Zhang et al.
+2022), routes tokens with your router and runs them through your dispatch, so the engine
+can serve SmolLM2 with your MoE layers (:func:`moefied`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minillm import moe
+from minillm.transform import copy_modules
+
+
+def route_top_k(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 18.1: the softmax top-k router (Switch, Mixtral, Qwen3-MoE, OLMoE).
+
+    logits: router scores [tokens, num_experts] (any float dtype); 1 <= k <= num_experts.
+    Returns (expert_ids, weights), both [tokens, k]:
+    * expert_ids (int64): each token's k experts with the largest probability
+      p = softmax(logits) over ALL experts (computed in float32), largest first; experts
+      with equal probability are ordered by expert id, the lower first (so ties at the
+      k-th place go to the lower id);
+    * weights (float32): p of those experts, in the same order; when ``normalize`` is
+      true, divided by their sum so each row sums to 1 (Qwen3-MoE's ``norm_topk_prob``).
+    Called by the MoE layer for every token of every step; the library's version is
+    :func:`minillm.moe.softmax_routing`.
+    Hint: Mixtral eq. 2 takes the softmax over the top-k logits: the same weights only
+    when they are renormalised. ``torch.topk`` does not promise an order for ties.
+    """
+    ### BEGIN SOLUTION
+    probs = logits.float().softmax(dim=-1)
+    ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    weights = probs.gather(1, ids)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+    ### END SOLUTION
+
+
+def grouped_expert_forward(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                           gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Exercise 18.2: the MoE layer's output from its routing, experts grouped.
+
+    x: [tokens, hidden] (float32 or float64); expert_ids: int64 [tokens, k], the k
+    distinct experts of each token; weights: [tokens, k] (float32), the weight of each.
+    gate_up: [num_experts, 2 * inter, hidden], expert e's gate rows then its up rows;
+    down: [num_experts, hidden, inter]. Expert e is the SwiGLU MLP
+    E_e(v) = down[e] @ (silu(G_e v) * (U_e v)), with G_e = gate_up[e, :inter] and
+    U_e = gate_up[e, inter:].
+    Returns y [tokens, hidden] in x's dtype, y[t] = Σ_j weights[t, j] · E_{expert_ids[t, j]}(x[t]).
+    Work per expert, not per token: each expert that some token chose multiplies ALL its
+    tokens' rows at once (at most one product per projection per such expert, however many
+    tokens), and an expert no token chose is never read (its weights may be anything,
+    even NaN). Experts may get very different numbers of tokens, or none.
+    The library's version is :func:`minillm.moe.dispatch`.
+    Hint: sort the tokens × k assignments by expert (``torch.argsort(..., stable=True)``),
+    count them (``torch.bincount``), split, run each group, and add the weighted rows back
+    to their tokens (``index_add_``). Shazeer et al. 2017 §3.1; the notebook's section 3.
+    """
+    ### BEGIN SOLUTION
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=len(gate_up)).tolist()
+    token_of = order // expert_ids.shape[1]
+    outputs = []
+    for e, rows in enumerate(x[token_of].split(counts)):
+        if len(rows):
+            gate, up = F.linear(rows, gate_up[e]).chunk(2, dim=-1)
+            outputs.append(F.linear(F.silu(gate) * up, down[e]))
+    rows = torch.cat(outputs) * weights.reshape(-1)[order, None].to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, token_of, rows)
+    ### END SOLUTION
+
+
+class SlicedMoE(nn.Module):
+    """A dense SwiGLU MLP cut into ``num_experts`` experts along its intermediate width,
+    each token sent through ``top_k`` of them with weight 1 (all of them: the dense MLP).
+
+    The router is an oracle: its logits are the norms of each slice's gate activations,
+    which a trained router would predict from x at a fraction of the cost. ``route`` and
+    ``dispatch`` are your functions or the library's (same contracts)."""
+
+    def __init__(self, mlp: nn.Module, num_experts: int, top_k: int, route=route_top_k,
+                 dispatch=grouped_expert_forward):
+        super().__init__()
+        inter, hidden = mlp.gate_proj.weight.shape
+        if inter % num_experts:
+            raise ValueError(f"the MLP's width {inter} does not split into {num_experts} experts")
+        slices = num_experts, inter // num_experts, hidden
+        gate, up = mlp.gate_proj.weight.view(slices), mlp.up_proj.weight.view(slices)
+        self.gate_up = torch.cat([gate, up], dim=1)  # [E, 2 * inter / E, hidden]
+        self.down = mlp.down_proj.weight.view(hidden, num_experts, -1).transpose(0, 1).contiguous()
+        self.gate_rows, self.top_k, self.route, self.dispatch = gate, top_k, route, dispatch
+        self.experts_read: list[int] = []  # distinct experts each call read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = F.silu(torch.einsum("th,eih->tei", flat, self.gate_rows)).norm(dim=-1)
+        ids, _ = self.route(logits, self.top_k, False)
+        self.experts_read.append(int(torch.unique(ids).numel()))
+        ones = torch.ones(ids.shape, dtype=torch.float32)
+        return self.dispatch(flat, ids, ones, self.gate_up, self.down).reshape(x.shape)
+
+
+def moefied(model: nn.Module, num_experts: int, top_k: int, route=route_top_k,
+            dispatch=grouped_expert_forward) -> nn.Module:
+    """A copy of ``model`` (left as it is) whose every block's MLP is a :class:`SlicedMoE`."""
+    sliced = copy_modules(model)
+    for index, block in enumerate(model.layers):
+        sliced.layers[index].mlp = SlicedMoE(block.mlp, num_experts, top_k, route, dispatch)
+    return sliced
+
+
+def library_moefied(model: nn.Module, num_experts: int, top_k: int) -> nn.Module:
+    """:func:`moefied` with the library's router and dispatch."""
+    return moefied(model, num_experts, top_k, moe.softmax_routing, moe.dispatch)
