@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm import moe
+from minillm.sampling import SamplingParams
+from minillm.serve import LLM
 from minillm.transform import copy_modules
 
 
@@ -121,3 +123,28 @@ def moefied(model: nn.Module, num_experts: int, top_k: int, route=route_top_k,
 def library_moefied(model: nn.Module, num_experts: int, top_k: int) -> nn.Module:
     """:func:`moefied` with the library's router and dispatch."""
     return moefied(model, num_experts, top_k, moe.softmax_routing, moe.dispatch)
+
+
+def engine_side_by_side(model: nn.Module, tokenizer, prompts: list[str], top_ks=(8, 4),
+                        num_experts: int = 8, max_tokens: int = 8) -> list[dict]:
+    """For each k: greedy text of the engine running ``model`` cut into ``num_experts``
+    experts, top k, with your router and dispatch and with the library's; whether the
+    tokens agree, and the experts a decode step read per layer (mean). Prints a line
+    each and returns the rows."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    rows = []
+    for k in top_ks:
+        runs = []
+        for make in (moefied, library_moefied):
+            llm = LLM(make(model, num_experts, k), tokenizer=tokenizer, executor="eager",
+                      num_blocks=32)
+            outputs = llm.generate(prompts, params, progress=False)
+            reads = [n for block in llm.model.layers for n in block.mlp.experts_read[1:]]
+            runs.append(([o.tokens for o in outputs], [o.text for o in outputs], reads))
+        (yours, text, reads), (library, _, _) = runs
+        rows.append(dict(k=k, same_tokens=yours == library, text=text,
+                         experts_read=sum(reads) / max(1, len(reads))))
+        print(f"top {k} of {num_experts}: your tokens {'=' if yours == library else '!='} "
+              f"the library's; a decode step reads {rows[-1]['experts_read']:.1f} of "
+              f"{num_experts} experts per layer; {text}")
+    return rows

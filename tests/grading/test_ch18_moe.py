@@ -98,7 +98,8 @@ def routing(tokens: int, experts: int, k: int, g: torch.Generator, popular: int)
 def dispatch_cases(draw):
     experts = draw(st.integers(1, 10))
     k = draw(st.integers(1, min(experts, 4)))
-    tokens, hidden, inter = draw(st.integers(1, 30)), draw(st.integers(1, 8)), draw(st.integers(1, 6))
+    tokens, hidden = draw(st.integers(1, 30)), draw(st.integers(1, 8))
+    inter = draw(st.integers(1, 6))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     ids, weights = routing(tokens, experts, k, g, draw(st.integers(1, experts)))
     return (torch.randn(tokens, hidden, generator=g, dtype=torch.float64), ids, weights,
