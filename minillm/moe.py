@@ -16,7 +16,8 @@ E_e(x) = down_e(silu(gate_e x) ⊙ up_e x) and G comes from router logits s = W_
   ``routed_scaling_factor``.
 
 Optional shared experts (DeepSeekMoE, Dai et al. 2024) form one dense SwiGLU MLP that
-every token goes through: y = shared(x) + Σ_e G(x)_e E_e(x).
+every token goes through: y = shared(x) + Σ_e G(x)_e E_e(x); Qwen2-MoE
+scales shared(x) by a sigmoid gate σ(w_g x).
 
 The dispatch is grouped, not per token: the (token, expert) assignments are sorted by
 expert, each active expert multiplies all its rows at once (one matmul per projection),
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .moe_checkpoint import moe_arguments
 
 SCORINGS = ("softmax", "sigmoid")
 
@@ -166,101 +169,36 @@ class MoE(nn.Module):
     def __init__(self, hidden_size: int, expert_intermediate_size: int, num_experts: int,
                  top_k: int, norm_topk_prob: bool, shared_intermediate_size: int | None = None,
                  scoring: str = "softmax", routed_scaling_factor: float = 1.0,
-                 num_groups: int = 1, top_groups: int = 1):
+                 num_groups: int = 1, top_groups: int = 1, shared_gate: bool = False):
         super().__init__()
         self.gate = TopKRouter(hidden_size, num_experts, top_k, norm_topk_prob, scoring,
                                routed_scaling_factor, num_groups, top_groups)
         self.experts = Experts(num_experts, hidden_size, expert_intermediate_size)
         self.shared_experts = (SharedMLP(hidden_size, shared_intermediate_size)
                                if shared_intermediate_size else None)
+        self.shared_expert_gate = (nn.Linear(hidden_size, 1, bias=False)  # Qwen2-MoE's
+                                   if shared_gate else None)
 
     @classmethod
     def from_hf_config(cls, config: dict) -> MoE:
-        """The layer a Hugging Face ``config.json`` (Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V3)
-        describes; its weights come from :func:`state_from_hf`."""
+        """The layer a Hugging Face ``config.json`` (Qwen2-MoE, Qwen3-MoE, OLMoE, Mixtral,
+        DeepSeek-V3) describes; its weights come from
+        :func:`minillm.moe_checkpoint.state_from_hf`."""
         return cls(**moe_arguments(config))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         out = self.experts(flat, *self.gate(flat))
         if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
+            out = out + self.shared_output(flat)
         return out.reshape(x.shape)
 
-
-# model_type -> the defaults transformers' config class has for fields a config may omit
-HF_DEFAULTS = {"qwen3_moe": {"norm_topk_prob": False}, "olmoe": {"norm_topk_prob": False},
-               "mixtral": {"norm_topk_prob": True},
-               "deepseek_v3": {"norm_topk_prob": True, "scoring_func": "sigmoid",
-                               "n_group": 1, "topk_group": 1, "n_shared_experts": 1,
-                               "routed_scaling_factor": 2.5}}
-
-
-def moe_arguments(config: dict) -> dict:
-    """:class:`MoE`'s arguments from a Hugging Face config dict (names differ per family)."""
-    kind = config.get("model_type")
-    if kind not in HF_DEFAULTS:
-        raise ValueError(f"no MoE mapping for model_type {kind!r}; known: {sorted(HF_DEFAULTS)}")
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"experts must be SwiGLU (hidden_act silu), got {config['hidden_act']!r}")
-    c = {**HF_DEFAULTS[kind], **config}
-    expert_size = c.get("moe_intermediate_size") or c["intermediate_size"]
-    shared = c.get("n_shared_experts") or 0
-    return dict(hidden_size=c["hidden_size"], expert_intermediate_size=expert_size,
-                num_experts=c.get("n_routed_experts") or c.get("num_experts")
-                or c["num_local_experts"],
-                top_k=c["num_experts_per_tok"], norm_topk_prob=c["norm_topk_prob"],
-                shared_intermediate_size=shared * expert_size or None,
-                scoring=c.get("scoring_func", "softmax"),
-                routed_scaling_factor=c.get("routed_scaling_factor", 1.0),
-                num_groups=c.get("n_group") or 1, top_groups=c.get("topk_group") or 1)
-
-
-def is_moe_layer(config: dict, layer_index: int) -> bool:
-    """Whether layer ``layer_index`` of a Hugging Face MoE config is sparse: DeepSeek's
-    first ``first_k_dense_replace`` layers and Qwen's ``mlp_only_layers`` are dense."""
-    if layer_index in config.get("mlp_only_layers", []):
-        return False
-    if layer_index < config.get("first_k_dense_replace", 0):
-        return False
-    return (layer_index + 1) % config.get("decoder_sparse_step", 1) == 0
-
-
-def hf_layer_prefix(config: dict, layer_index: int) -> str:
-    """Where layer ``layer_index``'s MoE tensors live in the family's safetensors."""
-    block = "block_sparse_moe" if config.get("model_type") == "mixtral" else "mlp"
-    return f"model.layers.{layer_index}.{block}."
-
-
-HF_EXPERT_NAMES = {"gate_proj": ("gate_proj", "w1"), "up_proj": ("up_proj", "w3"),
-                   "down_proj": ("down_proj", "w2")}  # ours -> (Qwen/OLMoE/DeepSeek, Mixtral)
-
-
-def stack_experts(layer: dict[str, torch.Tensor], kind: str, num_experts: int) -> torch.Tensor:
-    """[E, out, in]: expert e's ``kind`` weight (``experts.{e}.<name>.weight``) at index e."""
-    def weight(e: int) -> torch.Tensor:
-        for name in HF_EXPERT_NAMES[kind]:
-            if f"experts.{e}.{name}.weight" in layer:
-                return layer[f"experts.{e}.{name}.weight"]
-        raise KeyError(f"no {kind} weight for expert {e} (looked for experts.{e}."
-                       f"{{{','.join(HF_EXPERT_NAMES[kind])}}}.weight); is num_experts right?")
-    return torch.stack([weight(e) for e in range(num_experts)])
-
-
-def state_from_hf(tensors: dict[str, torch.Tensor], prefix: str,
-                  num_experts: int) -> dict[str, torch.Tensor]:
-    """:class:`MoE`'s state dict from one layer's safetensors tensors under ``prefix``
-    (``model.layers.3.mlp.``; Mixtral's ``model.layers.3.block_sparse_moe.``): the
-    per-expert weights the checkpoints hold are stacked into [E, ...] tensors (an already
-    fused ``experts.gate_up_proj`` is taken as it is)."""
-    layer = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
-    state = {k: v for k, v in layer.items() if k.startswith(
-        ("gate.", "shared_experts.", "experts.gate_up_proj", "experts.down_proj"))}
-    if "experts.gate_up_proj" not in state:
-        state["experts.gate_up_proj"] = torch.cat([stack_experts(layer, "gate_proj", num_experts),
-                                                   stack_experts(layer, "up_proj", num_experts)], 1)
-        state["experts.down_proj"] = stack_experts(layer, "down_proj", num_experts)
-    return state
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared experts' output, scaled by σ(w_g x) where the layer has a gate."""
+        out = self.shared_experts(x)
+        if self.shared_expert_gate is not None:
+            out = out * torch.sigmoid(self.shared_expert_gate(x))
+        return out
 
 
 @dataclass(frozen=True)

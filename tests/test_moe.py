@@ -1,5 +1,6 @@
-"""The mixture-of-experts layer against transformers' own sparse MoE blocks (Qwen3-MoE,
-OLMoE, Mixtral, DeepSeek-V3 with sigmoid, bias-corrected, group-limited routing), with the
+"""The mixture-of-experts layer against transformers' own sparse MoE blocks (Qwen2-MoE with
+its gated shared expert, Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V3 with sigmoid,
+bias-corrected, group-limited routing and shared experts), with the
 weights read from the safetensors transformers writes: equal within 1e-5 in fp32 (and
 1e-12 in fp64) for 1, 3 and 40 tokens, including steps where most experts get no token.
 The grouped dispatch never reads an expert no token chose, ties go to the lower expert,
@@ -14,22 +15,16 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from minillm.moe import (
-    MoE,
-    dispatch,
-    expert_bytes_read,
-    hf_layer_prefix,
-    is_moe_layer,
-    moe_arguments,
-    softmax_routing,
-    state_from_hf,
-    top_k_stable,
-)
+from minillm.moe import MoE, dispatch, expert_bytes_read, softmax_routing, top_k_stable
+from minillm.moe_checkpoint import hf_layer_prefix, is_moe_layer, moe_arguments, state_from_hf
 
 HIDDEN, EXPERTS, TOP_K = 16, 8, 2
 COMMON = dict(vocab_size=64, hidden_size=HIDDEN, intermediate_size=24, num_hidden_layers=1,
               num_attention_heads=2, num_key_value_heads=2, num_experts_per_tok=TOP_K)
 FAMILIES = {  # name: (config class, model class, MoE fields)
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=EXPERTS, moe_intermediate_size=12,
+                       shared_expert_intermediate_size=20)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(num_experts=EXPERTS, moe_intermediate_size=12, norm_topk_prob=True)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=EXPERTS)),
@@ -93,7 +88,7 @@ def test_the_families_configs_are_read_with_their_own_field_names():
                        first_k_dense_replace=3, hidden_act="silu")
     assert moe_arguments(qwen3_30b) == dict(
         hidden_size=2048, expert_intermediate_size=768, num_experts=128, top_k=8,
-        norm_topk_prob=True, shared_intermediate_size=None, scoring="softmax",
+        norm_topk_prob=True, shared_intermediate_size=None, shared_gate=False, scoring="softmax",
         routed_scaling_factor=1.0, num_groups=1, top_groups=1)
     args = moe_arguments(deepseek_v3)
     assert (args["num_experts"], args["shared_intermediate_size"], args["scoring"],
