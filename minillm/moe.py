@@ -151,16 +151,21 @@ class Experts(nn.Module):
 
 
 class SharedMLP(nn.Module):
-    """The shared experts as one dense SwiGLU MLP (DeepSeek's ``shared_experts``)."""
+    """The shared experts as one dense SwiGLU MLP (DeepSeek's ``shared_experts``); with
+    ``gated``, its output is scaled by σ(w_g x) (Qwen2-MoE's ``shared_expert_gate``)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, gated: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.output_gate = nn.Linear(hidden_size, 1, bias=False) if gated else None
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.output_gate is not None:
+            out = out * torch.sigmoid(self.output_gate(x))
+        return out
 
 
 class MoE(nn.Module):
@@ -174,10 +179,8 @@ class MoE(nn.Module):
         self.gate = TopKRouter(hidden_size, num_experts, top_k, norm_topk_prob, scoring,
                                routed_scaling_factor, num_groups, top_groups)
         self.experts = Experts(num_experts, hidden_size, expert_intermediate_size)
-        self.shared_experts = (SharedMLP(hidden_size, shared_intermediate_size)
+        self.shared_experts = (SharedMLP(hidden_size, shared_intermediate_size, shared_gate)
                                if shared_intermediate_size else None)
-        self.shared_expert_gate = (nn.Linear(hidden_size, 1, bias=False)  # Qwen2-MoE's
-                                   if shared_gate else None)
 
     @classmethod
     def from_hf_config(cls, config: dict) -> MoE:
@@ -190,15 +193,8 @@ class MoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         out = self.experts(flat, *self.gate(flat))
         if self.shared_experts is not None:
-            out = out + self.shared_output(flat)
+            out = out + self.shared_experts(flat)
         return out.reshape(x.shape)
-
-    def shared_output(self, x: torch.Tensor) -> torch.Tensor:
-        """The shared experts' output, scaled by σ(w_g x) where the layer has a gate."""
-        out = self.shared_experts(x)
-        if self.shared_expert_gate is not None:
-            out = out * torch.sigmoid(self.shared_expert_gate(x))
-        return out
 
 
 @dataclass(frozen=True)

@@ -76,18 +76,27 @@ def stack_experts(layer: dict[str, torch.Tensor], kind: str, num_experts: int) -
     return torch.stack([weight(e) for e in range(num_experts)])
 
 
+# Qwen2-MoE's names for the shared expert and its gate -> ours (DeepSeek's)
+QWEN2_SHARED = {"shared_expert": "shared_experts",
+                "shared_expert_gate": "shared_experts.output_gate"}
+
+
+def our_name(name: str) -> str:
+    """A layer's tensor name as :class:`~minillm.moe.MoE` calls it."""
+    module, rest = name.split(".", 1)
+    return f"{QWEN2_SHARED.get(module, module)}.{rest}"
+
+
 def state_from_hf(tensors: dict[str, torch.Tensor], prefix: str,
                   num_experts: int) -> dict[str, torch.Tensor]:
-    """:class:`~minillm.moe.MoE`'s state dict from one layer's safetensors tensors under ``prefix``
-    (``model.layers.3.mlp.``; Mixtral's ``model.layers.3.block_sparse_moe.``): the
+    """:class:`~minillm.moe.MoE`'s state dict from one layer's safetensors tensors under
+    ``prefix`` (``model.layers.3.mlp.``; Mixtral's ``model.layers.3.block_sparse_moe.``): the
     per-expert weights the checkpoints hold are stacked into [E, ...] tensors (an already
     fused ``experts.gate_up_proj`` is taken as it is)."""
-    layer = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
-    layer = {k.replace("shared_expert.", "shared_experts."): v  # Qwen2-MoE's singular
-             for k, v in layer.items()}
+    layer = {our_name(name[len(prefix):]): t for name, t in tensors.items()
+             if name.startswith(prefix)}
     state = {k: v for k, v in layer.items() if k.startswith(
-        ("gate.", "shared_experts.", "shared_expert_gate.", "experts.gate_up_proj",
-         "experts.down_proj"))}
+        ("gate.", "shared_experts.", "experts.gate_up_proj", "experts.down_proj"))}
     if "experts.gate_up_proj" not in state:
         state["experts.gate_up_proj"] = torch.cat([stack_experts(layer, "gate_proj", num_experts),
                                                    stack_experts(layer, "up_proj", num_experts)], 1)

@@ -1,8 +1,8 @@
 """Expert parallelism over 2 gloo processes: each rank holds half the experts, its own
 tokens travel with all_to_all, and every rank's output equals one process running the
 whole MoE layer on the same tokens (1e-5), with three all_to_all per call, including a
-rank with a single token (most experts idle) and DeepSeek-style sigmoid routing with a
-shared expert. The layer the ranks were built from is left as it was."""
+rank with a single token (most experts idle), Qwen2-MoE's gated shared expert and
+DeepSeek's sigmoid routing. The layer the ranks were built from is left as it was."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from minillm.parallel.launch import run_ranks
 from minillm.parallel.layers import COLLECTIVES
 
 LAYERS = {
-    "qwen3": dict(hidden_size=16, expert_intermediate_size=12, num_experts=8, top_k=2,
-                  norm_topk_prob=True),
+    "qwen2_moe": dict(hidden_size=16, expert_intermediate_size=12, num_experts=8, top_k=2,
+                      norm_topk_prob=False, shared_intermediate_size=20, shared_gate=True),
     "deepseek": dict(hidden_size=16, expert_intermediate_size=12, num_experts=8, top_k=3,
                      norm_topk_prob=True, shared_intermediate_size=12, scoring="sigmoid",
                      routed_scaling_factor=2.5, num_groups=4, top_groups=2),
@@ -72,4 +72,4 @@ def test_two_ranks_equal_one_process(name):
 
 def test_experts_that_do_not_split_evenly_are_refused():
     with pytest.raises(ValueError, match="8 experts do not split evenly over 3 ranks"):
-        expert_parallel(random_layer("qwen3"), 0, 3)
+        expert_parallel(random_layer("qwen2_moe"), 0, 3)
