@@ -3,7 +3,8 @@
 """Chapter 18: mixture of experts — the top-k router and the grouped expert dispatch.
 
 The lab is :func:`route_top_k` and :func:`grouped_expert_forward`, the two halves of the
-library's MoE layer (:mod:`minillm.moe`). The rest of this file is given: it cuts each
+library's MoE layer (:mod:`minillm.moe`), and DeepSeek-V3's router
+(:func:`route_sigmoid_grouped`). The rest of this file is given: it cuts each
 dense SwiGLU MLP of a model into experts (:class:`SlicedMoE`; with every expert active
 and weight 1 it is exactly the dense MLP, the observation behind MoEfication, Zhang et al.
 2022), routes tokens with your router and runs them through your dispatch, so the engine
@@ -62,6 +63,28 @@ def grouped_expert_forward(x: torch.Tensor, expert_ids: torch.Tensor, weights: t
     to their tokens (``index_add_``). Shazeer et al. 2017 §3.1; the notebook's section 3.
     """
     raise NotImplementedError("Exercise 18.2: the MoE layer's output from its routing, experts grouped")
+
+
+def route_sigmoid_grouped(logits: torch.Tensor, k: int, bias: torch.Tensor, num_groups: int,
+                          top_groups: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 18.3: DeepSeek-V3's router — sigmoid scores, a load-balancing bias that
+    steers the choice but not the weights, and group-limited selection.
+
+    logits: [tokens, E] (E divisible by num_groups, E / num_groups >= 2); bias: [E]
+    float32; 1 <= top_groups <= num_groups; k <= top_groups * E / num_groups.
+    With s = sigmoid(logits) (float32) and c = s + bias:
+    1. the experts form num_groups groups of consecutive ids; a group's score is the sum
+       of the two largest c in it; each token keeps its top_groups groups (largest first,
+       ties to the lower group id);
+    2. among the experts of the kept groups, the k with the largest c (largest first,
+       ties to the lower expert id) are the token's expert_ids [tokens, k] (int64);
+    3. weights [tokens, k] (float32) are s (not c) of those experts, divided by their
+       sum (+ 1e-20), times ``scale`` (DeepSeek-V3's routed_scaling_factor).
+    The library's version is :func:`minillm.moe.sigmoid_routing` with normalize=True.
+    Hint: DeepSeek-V3 report §2.1.2 (eq. 12-16) and "auxiliary-loss-free load balancing":
+    the bias only decides which experts a token goes to.
+    """
+    raise NotImplementedError("Exercise 18.3: DeepSeek-V3's router — sigmoid scores, a load-balancing bias that")
 
 
 class SlicedMoE(nn.Module):

@@ -1,7 +1,8 @@
 """Chapter 18: mixture of experts — the top-k router and the grouped expert dispatch.
 
 The lab is :func:`route_top_k` and :func:`grouped_expert_forward`, the two halves of the
-library's MoE layer (:mod:`minillm.moe`). The rest of this file is given: it cuts each
+library's MoE layer (:mod:`minillm.moe`), and DeepSeek-V3's router
+(:func:`route_sigmoid_grouped`). The rest of this file is given: it cuts each
 dense SwiGLU MLP of a model into experts (:class:`SlicedMoE`; with every expert active
 and weight 1 it is exactly the dense MLP, the observation behind MoEfication, Zhang et al.
 2022), routes tokens with your router and runs them through your dispatch, so the engine
@@ -78,6 +79,39 @@ def grouped_expert_forward(x: torch.Tensor, expert_ids: torch.Tensor, weights: t
             outputs.append(F.linear(F.silu(gate) * up, down[e]))
     rows = torch.cat(outputs) * weights.reshape(-1)[order, None].to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token_of, rows)
+    ### END SOLUTION
+
+
+def route_sigmoid_grouped(logits: torch.Tensor, k: int, bias: torch.Tensor, num_groups: int,
+                          top_groups: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 18.3: DeepSeek-V3's router — sigmoid scores, a load-balancing bias that
+    steers the choice but not the weights, and group-limited selection.
+
+    logits: [tokens, E] (E divisible by num_groups, E / num_groups >= 2); bias: [E]
+    float32; 1 <= top_groups <= num_groups; k <= top_groups * E / num_groups.
+    With s = sigmoid(logits) (float32) and c = s + bias:
+    1. the experts form num_groups groups of consecutive ids; a group's score is the sum
+       of the two largest c in it; each token keeps its top_groups groups (largest first,
+       ties to the lower group id);
+    2. among the experts of the kept groups, the k with the largest c (largest first,
+       ties to the lower expert id) are the token's expert_ids [tokens, k] (int64);
+    3. weights [tokens, k] (float32) are s (not c) of those experts, divided by their
+       sum (+ 1e-20), times ``scale`` (DeepSeek-V3's routed_scaling_factor).
+    The library's version is :func:`minillm.moe.sigmoid_routing` with normalize=True.
+    Hint: DeepSeek-V3 report §2.1.2 (eq. 12-16) and "auxiliary-loss-free load balancing":
+    the bias only decides which experts a token goes to.
+    """
+    ### BEGIN SOLUTION
+    scores = logits.float().sigmoid()
+    choice = scores + bias
+    grouped = choice.view(len(choice), num_groups, -1)
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+    best = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :top_groups]
+    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    choice = choice.masked_fill(~kept.repeat_interleave(grouped.shape[-1], 1), -torch.inf)
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
+    weights = scores.gather(1, ids)
+    return ids, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scale
     ### END SOLUTION
 
 

@@ -1,12 +1,13 @@
-"""Graded tests for chapter 18's lab: the top-k router (18.1) and the grouped expert
-dispatch (18.2).
+"""Graded tests for chapter 18's lab: the top-k router (18.1), the grouped expert
+dispatch (18.2) and DeepSeek-V3's router (18.3).
 
-Oracles: the library's :func:`minillm.moe.softmax_routing` and :func:`minillm.moe.dispatch`
-on hidden random cases drawn by Hypothesis (fixed, derandomized), logits with ties, skewed
-routings that leave experts idle or crowded, a loop over tokens in float64, and the work
-done counted by the operators PyTorch dispatches (per expert, never per token). Then the
-engine: SmolLM2 with its MLPs cut into 8 experts, routed and dispatched by your functions,
-writes the dense model's tokens with all experts on and the library's with 4 of 8.
+Oracles: the library's :func:`minillm.moe.softmax_routing`, :func:`minillm.moe.dispatch`
+and :func:`minillm.moe.sigmoid_routing` on hidden random cases drawn by Hypothesis (fixed,
+derandomized), logits with ties, skewed routings that leave experts idle or crowded, a
+loop over tokens in float64, and the work done counted by the operators PyTorch
+dispatches (per expert, never per token). Then the engine: SmolLM2 with its MLPs cut
+into 8 experts, routed and dispatched by your functions, writes the dense model's tokens
+with all experts on and the library's with 4 of 8.
 """
 
 from __future__ import annotations
@@ -82,6 +83,44 @@ def test_router_edge_cases():
     torch.testing.assert_close(weights.sum(-1), torch.ones(2))  # all E kept: sums to 1
     ids, weights = impl.route_top_k(torch.tensor([[-50.0, 0.0, 50.0]]), 1, normalize=True)
     assert ids.tolist() == [[2]] and weights.tolist() == [[1.0]]
+
+
+@st.composite
+def grouped_cases(draw):
+    groups, size = draw(st.integers(1, 4)), draw(st.integers(2, 5))
+    top_groups = draw(st.integers(1, groups))
+    k = draw(st.integers(1, top_groups * size))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    logits = torch.randn(draw(st.integers(1, 20)), groups * size, generator=g)
+    bias = torch.randn(groups * size, generator=g) * draw(st.sampled_from([0.0, 0.1, 1.0]))
+    return logits, k, bias, groups, top_groups, draw(st.sampled_from([1.0, 2.5]))
+
+
+@pytest.mark.exercise("18.3", points=2)
+@HIDDEN
+@given(grouped_cases())
+def test_deepseek_router_matches_the_library(case):
+    logits, k, bias, groups, top_groups, scale = case
+    ids, weights = impl.route_sigmoid_grouped(logits.clone(), k, bias.clone(), groups,
+                                              top_groups, scale)
+    expected_ids, expected_weights = moe.sigmoid_routing(logits, k, True, bias, groups,
+                                                         top_groups, scale)
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(ids, expected_ids), (logits, bias, k, groups, top_groups)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.exercise("18.3", points=1)
+def test_deepseek_router_edge_cases():
+    s = torch.tensor([2.0, 0.0, -1.0, -2.0]).sigmoid()
+    ids, weights = impl.route_sigmoid_grouped(torch.tensor([[2.0, 0.0, -1.0, -2.0]]), 2,
+                                              torch.tensor([0.0, 0.0, 0.0, 5.0]), 1, 1, 2.5)
+    assert ids.tolist() == [[3, 0]]  # the bias chooses expert 3, but does not weigh it
+    torch.testing.assert_close(weights, 2.5 * s[[3, 0]][None] / s[[3, 0]].sum())
+    logits = torch.tensor([[5.0, -5.0, 1.0, 1.0, 0.8, 0.8, -3.0, -3.0]])
+    ids, weights = impl.route_sigmoid_grouped(logits, 2, torch.zeros(8), 4, 2, 1.0)
+    assert ids.tolist() == [[2, 3]]  # expert 0 is the best, but its group is not
+    torch.testing.assert_close(weights, torch.tensor([[0.5, 0.5]]))
 
 
 def routing(tokens: int, experts: int, k: int, g: torch.Generator, popular: int):

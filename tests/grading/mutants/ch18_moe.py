@@ -1,4 +1,5 @@
-"""Plausible wrong answers to chapter 18 (the top-k router and the grouped expert dispatch);
+"""Plausible wrong answers to chapter 18 (the top-k router, the grouped expert dispatch,
+DeepSeek-V3's router);
 the graded tests must catch each one. Each mutant replaces the solution function named
 before its ``__``."""
 
@@ -116,3 +117,64 @@ def grouped_expert_forward__up_then_gate(x, expert_ids, weights, gate_up, down):
                       for e, r in enumerate(x[token_of].split(counts)) if len(r)])
     rows = rows * weights.reshape(-1)[order, None].to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token_of, rows)
+
+
+def _grouped_choice(choice, num_groups, top_groups, group_score):
+    grouped = choice.view(len(choice), num_groups, -1)
+    best = torch.sort(group_score(grouped), dim=-1, descending=True, stable=True).indices
+    kept = torch.zeros(len(choice), num_groups, dtype=torch.bool)
+    kept.scatter_(1, best[:, :top_groups], True)
+    return choice.masked_fill(~kept.repeat_interleave(grouped.shape[-1], 1), -torch.inf)
+
+
+def _top_two_sum(grouped):
+    return grouped.topk(2, dim=-1).values.sum(-1)
+
+
+def _pick(choice, k):
+    return torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def route_sigmoid_grouped__weights_from_biased_scores(logits, k, bias, num_groups, top_groups,
+                                                      scale):
+    """Weighs the chosen experts by sigmoid + bias instead of the sigmoid alone."""
+    choice = logits.float().sigmoid() + bias
+    ids = _pick(_grouped_choice(choice, num_groups, top_groups, _top_two_sum), k)
+    weights = choice.gather(1, ids)
+    return ids, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scale
+
+
+def route_sigmoid_grouped__no_group_limit(logits, k, bias, num_groups, top_groups, scale):
+    """Chooses among all experts, ignoring the groups."""
+    scores = logits.float().sigmoid()
+    ids = _pick(scores + bias, k)
+    weights = scores.gather(1, ids)
+    return ids, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scale
+
+
+def route_sigmoid_grouped__group_score_is_the_max(logits, k, bias, num_groups, top_groups,
+                                                  scale):
+    """Scores a group by its best expert (DeepSeek-V2's rule) instead of its best two."""
+    scores = logits.float().sigmoid()
+    choice = _grouped_choice(scores + bias, num_groups, top_groups,
+                             lambda grouped: grouped.max(dim=-1).values)
+    ids = _pick(choice, k)
+    weights = scores.gather(1, ids)
+    return ids, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scale
+
+
+def route_sigmoid_grouped__scale_before_normalising(logits, k, bias, num_groups, top_groups,
+                                                    scale):
+    """Multiplies by the scaling factor before renormalising, which cancels it."""
+    scores = logits.float().sigmoid()
+    ids = _pick(_grouped_choice(scores + bias, num_groups, top_groups, _top_two_sum), k)
+    weights = scores.gather(1, ids) * scale
+    return ids, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+
+
+def route_sigmoid_grouped__softmax_scores(logits, k, bias, num_groups, top_groups, scale):
+    """Scores experts with a softmax (the V2 router) instead of a sigmoid."""
+    scores = logits.float().softmax(dim=-1)
+    ids = _pick(_grouped_choice(scores + bias, num_groups, top_groups, _top_two_sum), k)
+    weights = scores.gather(1, ids)
+    return ids, weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scale
