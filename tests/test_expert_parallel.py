@@ -1,6 +1,7 @@
 """Expert parallelism over 2 gloo processes: each rank holds half the experts, its own
 tokens travel with all_to_all, and every rank's output equals one process running the
-whole MoE layer on the same tokens (1e-5), with three all_to_all per call, including a
+whole MoE layer on the same tokens (1e-5), with three all_to_all per call (or, when every
+rank holds the same tokens, one all-reduce), including a
 rank with a single token (most experts idle), Qwen2-MoE's gated shared expert and
 DeepSeek's sigmoid routing. The layer the ranks were built from is left as it was."""
 
@@ -42,7 +43,8 @@ def rank_tokens(rank: int, counts: tuple[int, int]) -> torch.Tensor:
 
 
 def expert_parallel_forward(rank, world, layer):
-    """On each rank: its half of the experts, a forward of its own tokens per case."""
+    """On each rank: its half of the experts, a forward of its own tokens per case, then
+    one of tokens every rank holds."""
     shard = expert_parallel(layer, rank, world)
     outputs, collectives = [], []
     for counts in TOKENS_PER_RANK:
@@ -50,8 +52,12 @@ def expert_parallel_forward(rank, world, layer):
         with torch.no_grad():
             outputs.append(shard(rank_tokens(rank, counts)))
         collectives.append(dict(COLLECTIVES))
-    return {"outputs": outputs, "collectives": collectives,
-            "experts_held": len(shard.gate_up_proj)}
+    replicated = expert_parallel(layer, rank, world, tokens="replicated")
+    COLLECTIVES.clear()
+    with torch.no_grad():
+        shared_out = replicated(rank_tokens(0, (9, 9)))
+    return {"outputs": outputs, "collectives": collectives, "replicated": shared_out,
+            "replicated_collectives": dict(COLLECTIVES), "experts_held": len(shard.gate_up_proj)}
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
@@ -67,6 +73,10 @@ def test_two_ranks_equal_one_process(name):
                 expected = layer(rank_tokens(rank, counts))
             assert (out - expected).abs().max() < 1e-5, (name, counts, rank)
             assert collectives == {"all_to_all": 3}
+        with torch.no_grad():
+            expected = layer(rank_tokens(0, (9, 9)))
+        assert (result["replicated"] - expected).abs().max() < 1e-5, (name, rank)
+        assert result["replicated_collectives"] == {"all_reduce": 1}
     assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
 
 

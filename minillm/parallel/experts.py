@@ -17,6 +17,11 @@ shared experts are replicated. For the tokens x [T, H] a rank holds (its own bat
 Three ``all_to_all`` per layer call (gloo implements ``all_to_all_single`` with uneven
 splits on CPU tensors); each is counted in :data:`.layers.COLLECTIVES`. The result equals
 one process running the whole layer on the same tokens.
+
+Inside a tensor-parallel model every rank already holds every token (the activations are
+replicated between layers), so nothing needs to travel: with ``tokens="replicated"`` each
+rank runs its own experts on the rows routed to them and one all-reduce adds the ranks'
+parts, as a row-parallel linear does.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..moe import MoE, run_experts, sort_by_expert
-from .layers import COLLECTIVES
+from .layers import COLLECTIVES, all_reduce
 
 
 def all_to_all_rows(rows: torch.Tensor, send: list[int], receive: list[int]) -> torch.Tensor:
@@ -42,10 +47,16 @@ def all_to_all_rows(rows: torch.Tensor, send: list[int], receive: list[int]) -> 
 
 class ExpertParallelMoE(nn.Module):
     """This rank's part of an :class:`~minillm.moe.MoE`: the router and shared experts,
-    and experts ``first_expert .. first_expert + local_experts - 1``."""
+    and experts ``first_expert .. first_expert + local_experts - 1``. ``tokens``: "own"
+    (each rank its own batch: the all_to_all exchange) or "replicated" (every rank holds
+    the same tokens, as in a tensor-parallel model: each computes its experts' part and
+    one all-reduce sums them)."""
 
-    def __init__(self, layer: MoE, rank: int, world: int):
+    def __init__(self, layer: MoE, rank: int, world: int, tokens: str = "own"):
         super().__init__()
+        if tokens not in ("own", "replicated"):
+            raise ValueError(f"tokens must be 'own' or 'replicated', got {tokens!r}")
+        self.replicated = tokens == "replicated"
         self.num_experts = len(layer.experts.gate_up_proj)
         if self.num_experts % world:
             raise ValueError(f"{self.num_experts} experts do not split evenly over {world} "
@@ -63,12 +74,24 @@ class ExpertParallelMoE(nn.Module):
         expert_ids, weights = self.gate(flat)
         order, counts = sort_by_expert(expert_ids, self.num_experts)
         token_of = order // expert_ids.shape[1]
-        rows = self.exchange(flat[token_of], counts)
+        rows = (self.local_part if self.replicated else self.exchange)(flat[token_of], counts)
         rows = rows * weights.reshape(-1)[order, None].to(rows.dtype)
         out = torch.zeros_like(flat).index_add_(0, token_of, rows)
+        if self.replicated:
+            all_reduce(out)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.reshape(x.shape)
+
+    def local_part(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows sorted by expert (``counts`` per expert, all E) -> the rows of this rank's
+        experts through them, every other row zero."""
+        start = sum(counts[:self.first_expert])
+        mine = counts[self.first_expert:self.first_expert + self.local_experts]
+        out = rows.new_zeros(len(rows), self.down_proj.shape[1])
+        out[start:start + sum(mine)] = run_experts(rows[start:start + sum(mine)], mine,
+                                                   self.gate_up_proj, self.down_proj)
+        return out
 
     def exchange(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows sorted by expert (``counts`` per expert, all E) -> each row through its
@@ -87,7 +110,7 @@ class ExpertParallelMoE(nn.Module):
         return all_to_all_rows(results, receive, send)
 
 
-def expert_parallel(layer: MoE, rank: int, world: int) -> ExpertParallelMoE:
+def expert_parallel(layer: MoE, rank: int, world: int, tokens: str = "own") -> ExpertParallelMoE:
     """Rank ``rank``'s expert-parallel copy of ``layer`` (``layer`` itself is unchanged);
     call it inside a process group of ``world`` ranks."""
-    return ExpertParallelMoE(layer, rank, world)
+    return ExpertParallelMoE(layer, rank, world, tokens)
