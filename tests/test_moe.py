@@ -1,10 +1,11 @@
 """The mixture-of-experts layer against transformers' own sparse MoE blocks (Qwen2-MoE with
 its gated shared expert, Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V3 with sigmoid,
-bias-corrected, group-limited routing and shared experts), with the
-weights read from the safetensors transformers writes: equal within 1e-5 in fp32 (and
-1e-12 in fp64) for 1, 3 and 40 tokens, including steps where most experts get no token.
-The grouped dispatch never reads an expert no token chose, ties go to the lower expert,
-and the bytes accounting counts distinct experts."""
+bias-corrected, group-limited routing and shared experts), with the weights read from
+the safetensors transformers writes: equal within 1e-5 in fp32 (and 1e-12 in fp64) for
+1, 3 and 40 tokens, including steps where most experts get no token. The grouped
+dispatch runs two products per active expert whatever the token count and never reads
+an expert no token chose; ties go to the lower expert; the bytes accounting counts
+distinct experts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from minillm.moe import MoE, dispatch, expert_bytes_read, softmax_routing, top_k_stable
 from minillm.moe_checkpoint import hf_layer_prefix, is_moe_layer, moe_arguments, state_from_hf
@@ -136,3 +138,25 @@ def test_bytes_read_count_distinct_experts_against_dense_mlps():
     assert traffic.moe_bytes == 8 * 16 * 2 + (3 * 12 + 6) * per_unit
     assert traffic.dense_active_bytes == (2 * 12 + 6) * per_unit
     assert traffic.dense_total_bytes == (8 * 12 + 6) * per_unit
+
+
+class ProductCounter(TorchDispatchMode):
+    """Counts the matrix products (ATen mm/addmm/bmm/mv) this thread runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.products = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.products += func.overloadpacket.__name__ in ("mm", "addmm", "bmm", "mv")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_one_product_per_projection_per_active_expert_whatever_the_tokens(tokens):
+    torch.manual_seed(tokens)
+    gate_up, down = torch.randn(EXPERTS, 24, HIDDEN), torch.randn(EXPERTS, HIDDEN, 12)
+    ids = torch.stack([torch.randperm(EXPERTS)[:TOP_K] for _ in range(tokens)])
+    with ProductCounter() as counter:
+        dispatch(torch.randn(tokens, HIDDEN), ids, torch.rand(tokens, TOP_K), gate_up, down)
+    assert counter.products == 2 * len(torch.unique(ids))  # gate_up and down per expert
