@@ -214,14 +214,24 @@ def test_the_work_is_per_expert_not_per_token():
         "60: the work grows with the tokens (a loop over tokens?)")
 
 
+@pytest.fixture
+def one_thread():
+    """Run on one thread: the many small per-expert products of SmolLM2's sliced MLPs do
+    not gain from a second, and on a busy machine each waits for the other thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.exercise("18.2", points=2)
 @pytest.mark.timeout(300)  # SmolLM2 three times through the engine, eagerly
-def test_smollm2_with_your_moe_layers_in_the_engine(smollm2, tokenizer):
+def test_smollm2_with_your_moe_layers_in_the_engine(smollm2, tokenizer, one_thread):
     """Every MLP of SmolLM2 cut into 8 experts: all 8 active with weight 1 is the dense
     model (your tokens equal its tokens); 4 of 8 is a different model (your tokens equal
     the library's)."""
-    prompts = [tokenizer.chat_prompt("Name three colours."),
-               tokenizer.chat_prompt("What is the capital of France?")]
+    prompts = [tokenizer.encode("The capital of France is"),
+               tokenizer.encode("Three primary colours are")]  # short: prefill is cheap
     params = SamplingParams(max_tokens=6, temperature=0)
 
     def tokens(model):
