@@ -81,7 +81,7 @@ def route_sigmoid_grouped(logits: torch.Tensor, k: int, bias: torch.Tensor, num_
     3. weights [tokens, k] (float32) are s (not c) of those experts, divided by their
        sum (+ 1e-20), times ``scale`` (DeepSeek-V3's routed_scaling_factor).
     The library's version is :func:`minillm.moe.sigmoid_routing` with normalize=True.
-    Hint: DeepSeek-V3 report §2.1.2 (eq. 12-16) and "auxiliary-loss-free load balancing":
+    Hint: the DeepSeek-V3 report, §2.1.2 ("auxiliary-loss-free load balancing"):
     the bias only decides which experts a token goes to.
     """
     raise NotImplementedError("Exercise 18.3: DeepSeek-V3's router — sigmoid scores, a load-balancing bias that")

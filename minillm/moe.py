@@ -9,7 +9,7 @@ E_e(x) = down_e(silu(gate_e x) ⊙ up_e x) and G comes from router logits s = W_
   Qwen3-MoE, OLMoE): p = softmax(s) over all E, keep the top k of p, and, when
   ``norm_topk_prob``, renormalise them to sum to 1 (Mixtral's softmax over the top-k
   logits is the same thing);
-* sigmoid scoring (DeepSeek-V3, Liu et al. 2024, eq. 15-16): p = σ(s); the top k are
+* sigmoid scoring (DeepSeek-V3, Liu et al. 2024, §2.1.2): p = σ(s); the top k are
   chosen on p + b, a per-expert bias that balances load (without an auxiliary loss),
   optionally only inside the ``top_groups`` best of ``num_groups`` expert groups; the
   weights are the unbiased p of the chosen experts, renormalised, times
