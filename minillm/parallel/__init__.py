@@ -6,6 +6,8 @@
 * :mod:`.loading` — each rank reads only its shard of the checkpoint (the engine on
   several processes, ``LLM(tensor_parallel_size=N)``, is :mod:`minillm.engine.parallel_runner`);
 * :mod:`.sequence` — sequence parallelism over the norm regions (Korthikanti et al.);
+* :mod:`.experts` — expert parallelism: each rank holds part of an MoE layer's experts and
+  tokens travel to them with ``all_to_all``;
 * :mod:`.pipeline` — pipeline stages, GPipe and 1F1B schedules, the bubble;
 * :mod:`.cost` — communication volume and time on real interconnects;
 * :mod:`.launch` / :mod:`.programs` — starting ranks, and what they run in the chapter.
