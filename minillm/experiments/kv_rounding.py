@@ -50,6 +50,7 @@ def int4_rounding(quantize: Callable, dequantize: Callable, per_channel: bool) -
 
 
 def no_rounding(blocks: torch.Tensor) -> torch.Tensor:
+    """The blocks as the float32 pool holds them (a reading that rounds one side only)."""
     return blocks
 
 
