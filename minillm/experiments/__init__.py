@@ -5,7 +5,9 @@
 * :mod:`.decode` — the decode-speed table (``minillm bench``, ``benchmarks/decode.py``);
 * :mod:`.capstone` — chapter 15's techniques switched on one at a time on one trace;
 * :mod:`.verification` — r(n), the cost of verifying n tokens of one sequence
-  (``benchmarks/verification_cost.py``).
+  (``benchmarks/verification_cost.py``);
+* :mod:`.kv_rounding` — attention through a rounded (int8, int4) KV cache in the engine,
+  with any quantizer: chapter 12's section 9 passes the learner's beside the library's.
 
 They sit above every other layer of the library (they use the engine, the clients and
 the quantizers as a user would) and nothing in the library imports them.
