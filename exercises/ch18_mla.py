@@ -13,7 +13,7 @@ import torch
 
 def split_up_projection(kv_b_weight: torch.Tensor, num_heads: int, nope_dim: int,
                         v_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exercise 18.3: Cut the checkpoint's ``kv_b_proj`` weight into each head's W_UK and W_UV.
+    """Exercise 18.4: Cut the checkpoint's ``kv_b_proj`` weight into each head's W_UK and W_UV.
 
     kv_b_weight: [num_heads * (nope_dim + v_dim), kv_lora_rank], the ``nn.Linear`` weight
         that maps a latent c to every head's non-rotary key and value, laid out head by head:
@@ -22,13 +22,13 @@ def split_up_projection(kv_b_weight: torch.Tensor, num_heads: int, nope_dim: int
     h's key is ``w_uk[h] @ c`` and its value ``w_uv[h] @ c``. Views are fine; do not copy
     more than needed. A weight whose rows do not match the sizes is a ValueError that says so.
     """
-    raise NotImplementedError("Exercise 18.3: Cut the checkpoint's ``kv_b_proj`` weight into each head's W_UK and W_UV")
+    raise NotImplementedError("Exercise 18.4: Cut the checkpoint's ``kv_b_proj`` weight into each head's W_UK and W_UV")
 
 
 def absorbed_decode(q_nope: torch.Tensor, q_rot: torch.Tensor, latents: torch.Tensor,
                     rope_keys: torch.Tensor, context_lens: torch.Tensor, w_uk: torch.Tensor,
                     w_uv: torch.Tensor, scale: float) -> torch.Tensor:
-    """Exercise 18.4: One decode step of MLA for a batch of sequences, read from the latent cache.
+    """Exercise 18.5: One decode step of MLA for a batch of sequences, read from the latent cache.
 
     q_nope [seqs, heads, nope_dim], q_rot [seqs, heads, rope_dim]: each sequence's new query
         (rope already applied to q_rot).
@@ -43,4 +43,4 @@ def absorbed_decode(q_nope: torch.Tensor, q_rot: torch.Tensor, latents: torch.Te
     context_lens[s] >= 1. Works in the inputs' dtype (float32 or float64).
     Hint: DeepSeek-V2 eq. (10) and the chapter's section "Absorbing the up-projections".
     """
-    raise NotImplementedError("Exercise 18.4: One decode step of MLA for a batch of sequences, read from the latent cache")
+    raise NotImplementedError("Exercise 18.5: One decode step of MLA for a batch of sequences, read from the latent cache")

@@ -45,7 +45,8 @@ def kv_numbers_per_token(hf: dict) -> int:
 
 def kv_bytes(hf: dict, context: int, bytes_per_value: int = 2) -> int:
     """KV-cache bytes of one sequence of ``context`` tokens, all layers: a windowed layer keeps
-    at most its window (the engine frees blocks wholly outside it)."""
+    at most its window (an engine may free the blocks wholly outside it; minillm's paged
+    engine masks them but does not free them yet)."""
     per_token = kv_numbers_per_token(hf) * bytes_per_value
     return sum(per_token * (context if w is None else min(context, w))
                for w in layer_windows(hf))

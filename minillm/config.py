@@ -59,7 +59,7 @@ class ModelConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    # how the other families differ from Llama (minillm.families)
+    # how the other families differ from Llama (read from config.json by family_fields below)
     family: str = "llama"  # Hugging Face's model_type
     qkv_bias: bool = False  # biases on q, k and v only (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head of q and k, before RoPE (Qwen3, Gemma 3)

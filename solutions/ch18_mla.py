@@ -11,7 +11,7 @@ import torch
 
 def split_up_projection(kv_b_weight: torch.Tensor, num_heads: int, nope_dim: int,
                         v_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exercise 18.3: Cut the checkpoint's ``kv_b_proj`` weight into each head's W_UK and W_UV.
+    """Exercise 18.4: Cut the checkpoint's ``kv_b_proj`` weight into each head's W_UK and W_UV.
 
     kv_b_weight: [num_heads * (nope_dim + v_dim), kv_lora_rank], the ``nn.Linear`` weight
         that maps a latent c to every head's non-rotary key and value, laid out head by head:
@@ -33,7 +33,7 @@ def split_up_projection(kv_b_weight: torch.Tensor, num_heads: int, nope_dim: int
 def absorbed_decode(q_nope: torch.Tensor, q_rot: torch.Tensor, latents: torch.Tensor,
                     rope_keys: torch.Tensor, context_lens: torch.Tensor, w_uk: torch.Tensor,
                     w_uv: torch.Tensor, scale: float) -> torch.Tensor:
-    """Exercise 18.4: One decode step of MLA for a batch of sequences, read from the latent cache.
+    """Exercise 18.5: One decode step of MLA for a batch of sequences, read from the latent cache.
 
     q_nope [seqs, heads, nope_dim], q_rot [seqs, heads, rope_dim]: each sequence's new query
         (rope already applied to q_rot).

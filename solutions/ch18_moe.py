@@ -180,5 +180,7 @@ def engine_side_by_side(model: nn.Module, tokenizer, prompts: list[str], top_ks=
                          experts_read=sum(reads) / max(1, len(reads))))
         print(f"top {k} of {num_experts}: your tokens {'=' if yours == library else '!='} "
               f"the library's; a decode step reads {rows[-1]['experts_read']:.1f} of "
-              f"{num_experts} experts per layer; {text}")
+              f"{num_experts} experts per layer")
+        for line in text:
+            print(f"    {line!r}")
     return rows

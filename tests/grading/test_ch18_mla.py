@@ -43,7 +43,7 @@ def _expanded_reference(case):
     return torch.stack(out)
 
 
-@pytest.mark.exercise("18.3", points=1)
+@pytest.mark.exercise("18.4", points=1)
 @pytest.mark.parametrize("heads, nope, v_dim", [(1, 4, 4), (3, 6, 5), (4, 8, 2)])
 def test_split_matches_the_library(heads, nope, v_dim):
     shape = LatentShape(num_heads=heads, kv_lora_rank=7, qk_nope_head_dim=nope,
@@ -55,13 +55,13 @@ def test_split_matches_the_library(heads, nope, v_dim):
     torch.testing.assert_close(w_uv, expected_uv.detach())
 
 
-@pytest.mark.exercise("18.3", points=1)
+@pytest.mark.exercise("18.4", points=1)
 def test_split_refuses_a_weight_of_the_wrong_size():
     with pytest.raises(ValueError):
         impl.split_up_projection(torch.zeros(3 * (4 + 5) + 1, 7), 3, 4, 5)
 
 
-@pytest.mark.exercise("18.4", points=2)
+@pytest.mark.exercise("18.5", points=2)
 @settings(max_examples=25, deadline=None)
 @given(seqs=st.integers(1, 4), heads=st.integers(1, 4), slots=st.integers(1, 9),
        rank=st.integers(1, 12), nope=st.integers(1, 6), rope=st.sampled_from([2, 4]),
@@ -74,7 +74,7 @@ def test_absorbed_decode_equals_the_expanded_definition(seqs, heads, slots, rank
     torch.testing.assert_close(out, _expanded_reference(case))
 
 
-@pytest.mark.exercise("18.4", points=1)
+@pytest.mark.exercise("18.5", points=1)
 def test_garbage_past_the_length_is_never_read():
     case = _case(3, 2, 8, 6, 4, 2, 3, seed=5)
     case["context_lens"] = torch.tensor([1, 8, 3])
@@ -86,7 +86,7 @@ def test_garbage_past_the_length_is_never_read():
     torch.testing.assert_close(impl.absorbed_decode(**case), expected)
 
 
-@pytest.mark.exercise("18.4", points=1)
+@pytest.mark.exercise("18.5", points=1)
 def test_matches_the_library_layer_on_its_own_cache():
     """The learner's decode, fed the library layer's weights and latents, gives the layer's
     output (before o_proj) for the last token of each sequence."""
