@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-from ..assets import minillm_home
 from ..checkpoint import load_model
 from ..data import load_text
 from ..draft_head import DraftHead, save_head
 from ..draft_head.features import chat_prompts, teacher_answers
-from ..draft_head.storage import size_on_disk
+from ..draft_head.storage import default_dir, size_on_disk
 from ..draft_head.train import TrainConfig, evaluate, train_head
 from ..draft_head.vocab import coverage, frequent_tokens, token_counts
 from ..experiments.verification import WEIGHTS, weight_format
@@ -35,7 +34,7 @@ CANDIDATE_K = (1024, 2048, 4096, 8192, 16384)
 
 
 def default_out() -> Path:
-    return minillm_home() / "draft_heads" / "smollm2-eagle"
+    return default_dir()
 
 
 def add_arguments(parser) -> None:
