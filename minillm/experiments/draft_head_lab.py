@@ -23,14 +23,14 @@ import torch
 from ..draft_head import DraftHead, load_head
 from ..draft_head.features import chat_prompts
 from ..draft_head.storage import default_dir
-from ..draft_head.train import TrainConfig, TrainStep, train_head
+from ..draft_head.train import TrainConfig, TrainStep, evaluate, train_head
 from ..draft_head.vocab import frequent_tokens, token_counts
 from ..model import Transformer
 from ..sampling import SamplingParams
 from ..serve import LLM, SchedulerConfig
 from ..tokenizer import Tokenizer
 
-LAB_CONFIG = TrainConfig(steps=6, batch_size=2, depth=3, lr=1e-3, max_len=32, seed=0)
+LAB_CONFIG = TrainConfig(steps=6, batch_size=2, depth=3, lr=3e-4, max_len=32, seed=0)
 
 
 @dataclass
@@ -84,6 +84,8 @@ def train_beside_library(step: TrainStep, target: Transformer, tokenizer: Tokeni
     cached one, and print whether the tokens are equal and τ. Returns the numbers."""
     data = self_distillation_data()
     yours, library = fresh_heads(target, data, k, config.seed)
+    held_out = data["eval"][:2]
+    before = evaluate(yours, target, held_out, config.depth, config.max_len)["loss"]
     losses = {}
     for name, head, chosen in (("yours", yours, step), ("library", library, None)):
         started = time.perf_counter()
@@ -96,8 +98,12 @@ def train_beside_library(step: TrainStep, target: Transformer, tokenizer: Tokeni
     print(f"{'step':>4} {'your loss':>10} {'library':>10}")
     for i, (mine, theirs) in enumerate(zip(*losses.values(), strict=True), 1):
         print(f"{i:>4} {mine:10.5f} {theirs:10.5f}")
-    print(f"largest difference: {gap:.1e}")
-    return {**losses, "gap": gap, "tau": serve(target, tokenizer, yours, prompts, tokens)}
+    after = [evaluate(head, target, held_out, config.depth, config.max_len)["loss"]
+             for head in (yours, library)]
+    print(f"largest difference: {gap:.1e}; held-out loss ({len(held_out)} answers) "
+          f"{before:.3f} before, after {after[0]:.3f} (yours) {after[1]:.3f} (library)")
+    tau = serve(target, tokenizer, yours, prompts, tokens)
+    return {**losses, "gap": gap, "held_out": [before, *after], "tau": tau}
 
 
 def serve(target: Transformer, tokenizer: Tokenizer, head: DraftHead, prompts: int,
