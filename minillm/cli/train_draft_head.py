@@ -33,13 +33,9 @@ from ..tokenizer import Tokenizer
 CANDIDATE_K = (1024, 2048, 4096, 8192, 16384)
 
 
-def default_out() -> Path:
-    return default_dir()
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"directory to write (default {default_out()})")
+                        help=f"directory to write (default {default_dir()})")
     parser.add_argument("--model", default="smollm2", help="checkpoint dir, hub id or smollm2")
     parser.add_argument("--prompts", type=int, default=192, help="training prompts")
     parser.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts")
@@ -80,7 +76,7 @@ def self_distillation_data(args, target, tokenizer, out: Path) -> dict:
 
 
 def run(args) -> None:
-    out = args.out or default_out()
+    out = args.out or default_dir()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     target, tokenizer = load_model(args.model).eval(), Tokenizer(args.model)

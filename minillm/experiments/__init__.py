@@ -5,7 +5,9 @@
 * :mod:`.decode` — the decode-speed table (``minillm bench``, ``benchmarks/decode.py``);
 * :mod:`.capstone` — chapter 15's techniques switched on one at a time on one trace;
 * :mod:`.verification` — r(n), the cost of verifying n tokens of one sequence
-  (``benchmarks/verification_cost.py``).
+  (``benchmarks/verification_cost.py``);
+* :mod:`.draft_head_lab` — chapter 11's lab: a draft head trained by the learner's step
+  beside the library's, then drafting in the engine.
 
 They sit above every other layer of the library (they use the engine, the clients and
 the quantizers as a user would) and nothing in the library imports them.
