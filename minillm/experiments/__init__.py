@@ -6,6 +6,8 @@
 * :mod:`.capstone` — chapter 15's techniques switched on one at a time on one trace;
 * :mod:`.verification` — r(n), the cost of verifying n tokens of one sequence
   (``benchmarks/verification_cost.py``);
+* :mod:`.self_distillation` — a draft head's training data: the engine's answers to chat
+  prompts and the target's features over them (``minillm train-draft-head``, the lab below);
 * :mod:`.draft_head_lab` — chapter 11's lab: a draft head trained by the learner's step
   beside the library's, then drafting in the engine.
 
