@@ -25,9 +25,9 @@ import time
 import torch
 
 from minillm.checkpoint import load_model
-from minillm.cli.train_draft_head import default_out
 from minillm.draft_head import load_head
 from minillm.draft_head.features import chat_prompts
+from minillm.draft_head.storage import default_dir
 from minillm.experiments.verification import weight_format
 from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
@@ -72,7 +72,7 @@ def head_step_seconds(head, target, history: int = 100, repeats: int = 50) -> fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head", default=None, help=f"draft head dir (default {default_out()})")
+    parser.add_argument("--head", default=None, help=f"draft head dir (default {default_dir()})")
     parser.add_argument("--gamma", type=int, nargs="+", default=[2, 3, 4, 5])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--weights", nargs="+", default=["fp32", "W8A8"])
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     plain_model, tokenizer = load_model("smollm2").eval(), Tokenizer("smollm2")
-    head = load_head(args.head or default_out())
+    head = load_head(args.head or default_dir())
     prompts = held_out_prompts(tokenizer, args.prompts)
     print(f"head: K = {head.num_tokens}; {len(prompts)} held-out prompts, "
           f"{args.new_tokens} new tokens each, greedy; {torch.get_num_threads()} threads")

@@ -18,29 +18,21 @@ from pathlib import Path
 
 import torch
 
-from ..assets import minillm_home
 from ..checkpoint import load_model
-from ..data import load_text
 from ..draft_head import DraftHead, save_head
-from ..draft_head.features import chat_prompts, teacher_answers
-from ..draft_head.storage import size_on_disk
+from ..draft_head.storage import default_dir, size_on_disk
 from ..draft_head.train import TrainConfig, evaluate, train_head
 from ..draft_head.vocab import coverage, frequent_tokens, token_counts
+from ..experiments.self_distillation import self_distillation_data
 from ..experiments.verification import WEIGHTS, weight_format
-from ..sampling import SamplingParams
-from ..serve import LLM, SchedulerConfig
 from ..tokenizer import Tokenizer
 
 CANDIDATE_K = (1024, 2048, 4096, 8192, 16384)
 
 
-def default_out() -> Path:
-    return minillm_home() / "draft_heads" / "smollm2-eagle"
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"directory to write (default {default_out()})")
+                        help=f"directory to write (default {default_dir()})")
     parser.add_argument("--model", default="smollm2", help="checkpoint dir, hub id or smollm2")
     parser.add_argument("--prompts", type=int, default=192, help="training prompts")
     parser.add_argument("--eval-prompts", type=int, default=24, help="held-out prompts")
@@ -55,40 +47,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def answer(model, prompts: list[list[int]], tokens: int, stop: list[int]) -> list[list[int]]:
-    """Greedy answers of the engine, batched."""
-    llm = LLM(model, num_blocks=2048, scheduler=SchedulerConfig(max_batch=16))
-    params = SamplingParams(max_tokens=tokens, stop_token_ids=tuple(stop))
-    return [o.tokens for o in llm.generate(prompts, params)]
-
-
-def self_distillation_data(args, target, tokenizer, out: Path) -> dict:
-    """Prompts, the engine's answers and the target's features (cached in ``out``)."""
+def cached_data(args, target, tokenizer, out: Path) -> dict:
+    """The self-distillation data, built once and cached in ``out`` (``self_distill.pt``)."""
     cached = out / "self_distill.pt"
     if cached.exists():
         return torch.load(cached, weights_only=False)
-    data = {}
-    engine_model = weight_format(target, args.weights)
-    for split, count, seed in (("train", args.prompts, args.seed),
-                               ("eval", args.eval_prompts, args.seed + 1)):
-        prompts = chat_prompts(tokenizer, count, split, seed)
-        answers = answer(engine_model, prompts, args.answer_tokens, tokenizer.stop_tokens)
-        data[split] = teacher_answers(target, prompts, answers)
-    corpus = tokenizer.encode(load_text("wikipedia", "train")[:2_000_000])
-    data["corpus_counts"] = token_counts([corpus], target.config.vocab_size)
+    data = self_distillation_data(target, tokenizer, args.prompts, args.eval_prompts,
+                                  args.answer_tokens, args.seed,
+                                  answering=weight_format(target, args.weights))
     torch.save(data, cached)
     return data
 
 
 def run(args) -> None:
-    out = args.out or default_out()
+    out = args.out or default_dir()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     target, tokenizer = load_model(args.model).eval(), Tokenizer(args.model)
     for p in target.parameters():
         p.requires_grad_(False)
     started = time.perf_counter()
-    data = self_distillation_data(args, target, tokenizer, out)
+    data = cached_data(args, target, tokenizer, out)
     data_seconds = time.perf_counter() - started
     counts = token_counts([a.tokens for a in data["train"]], target.config.vocab_size)
     held_out = torch.cat([a.tokens for a in data["eval"]])

@@ -4,7 +4,7 @@ its own answers.
 The head must guess what *this* target says, so it learns from the target's answers
 (EAGLE's self-distillation): chat prompts are built from the course's corpora (the train
 split for training, the eval split held out), the engine answers them (the caller does
-that: ``minillm.cli.train_draft_head``), and one teacher-forced pass of the target over
+that: :mod:`minillm.experiments.self_distillation`), and one teacher-forced pass of the target over
 prompt + answer gives, at every answer position, the final hidden state f_t (before the
 norm) that the head reads and whose logits it learns to match.
 """

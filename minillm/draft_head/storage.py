@@ -12,10 +12,17 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from ..assets import minillm_home
 from ..config import ModelConfig
 from .head import DraftHead
 
 WEIGHTS, CONFIG = "head.safetensors", "draft_head.json"
+
+
+def default_dir() -> Path:
+    """Where ``minillm train-draft-head`` writes SmolLM2's head (and its self-distillation
+    data, ``self_distill.pt``) unless told otherwise."""
+    return minillm_home() / "draft_heads" / "smollm2-eagle"
 
 
 def save_head(head: DraftHead, directory: str | Path, training: dict | None = None) -> Path:

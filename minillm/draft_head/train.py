@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,8 @@ from tqdm.auto import tqdm
 from ..model import Transformer
 from .features import Answer, target_logits
 from .head import DraftHead
+
+CLIP_NORM = 1.0  # the gradients' global norm, at most
 
 
 @dataclass
@@ -74,6 +77,9 @@ def make_batch(answers: list[Answer], max_len: int) -> Batch:
     return Batch(features, tokens, positions, real)
 
 
+TrainStep = Callable[[DraftHead, Transformer, Batch, torch.optim.Optimizer, int], float]
+
+
 def unrolled_mask(length: int, step: int) -> torch.Tensor:
     """Which keys pass ``step`` (1-based) queries see at each answer index: [L, step · L],
     the keys of passes 1..step side by side (see the module docstring)."""
@@ -83,13 +89,23 @@ def unrolled_mask(length: int, step: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)  # the diagonal (the query's own key) is always in
 
 
+def distillation_kl(teacher_logits: torch.Tensor, head_logits: torch.Tensor,
+                    valid: torch.Tensor) -> torch.Tensor:
+    """KL(p_K || q) averaged over the ``valid`` positions [...]: p_K = softmax of the target's
+    logits at the head's K tokens ``teacher_logits`` [..., K] (so renormalised over them),
+    q = softmax(``head_logits``) [..., K], column k of both being token vocab[k]."""
+    teacher = F.log_softmax(teacher_logits, -1)
+    log_q = F.log_softmax(head_logits, -1)
+    return (teacher.exp() * (teacher - log_q)).sum(-1)[valid].mean()
+
+
 def unrolled_loss(head: DraftHead, target: Transformer, batch: Batch, depth: int
                   ) -> tuple[torch.Tensor, list[float]]:
-    """The mean KL over every pass and real position, and each pass's top-1 agreement with
-    p_K's argmax."""
+    """The mean over the ``depth`` passes of each pass's mean KL over its real positions,
+    and each pass's top-1 agreement with p_K's argmax."""
     embeddings = target.embed_tokens(batch.tokens).float().detach()
     with torch.no_grad():
-        teacher = F.log_softmax(target_logits(target, batch.features[:, 1:], head.vocab), -1)
+        teacher = target_logits(target, batch.features[:, 1:], head.vocab)
     features, keys, values = batch.features[:, :-1], [], []
     losses, agreement = [], []
     length = batch.tokens.shape[1]
@@ -99,20 +115,33 @@ def unrolled_loss(head: DraftHead, target: Transformer, batch: Batch, depth: int
         values.append(v)
         mask = unrolled_mask(length, step)
         g = head.finish(x, q, torch.cat(keys, -2), torch.cat(values, -2), mask)
-        log_q = F.log_softmax(head.logits(g), -1)
+        logits = head.logits(g)
         valid = batch.real.clone()
         valid[:, :step - 1] = False  # no chain of step - 1 guesses before these
-        kl = (teacher.exp() * (teacher - log_q)).sum(-1)
-        losses.append(kl[valid].mean())
-        agreement.append(float((log_q.argmax(-1) == teacher.argmax(-1))[valid].float().mean()))
+        losses.append(distillation_kl(teacher, logits, valid))
+        agreement.append(float((logits.argmax(-1) == teacher.argmax(-1))[valid].float().mean()))
         features = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # g_{t-1} at t
     return torch.stack(losses).mean(), agreement
 
 
+def train_step(head: DraftHead, target: Transformer, batch: Batch,
+               optimizer: torch.optim.Optimizer, depth: int) -> float:
+    """One optimizer step of ``head`` on ``batch``: the unrolled loss, its gradients (the
+    global norm clipped to :data:`CLIP_NORM`), the update. Returns the loss. The seam the
+    chapter 11 lab fills (``train_head(step=...)``)."""
+    optimizer.zero_grad()
+    loss, _ = unrolled_loss(head, target, batch, depth)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), CLIP_NORM)
+    optimizer.step()
+    return float(loss.detach())
+
+
 def train_head(head: DraftHead, target: Transformer, answers: list[Answer],
-               config: TrainConfig, progress: bool = True) -> list[float]:
-    """Train ``head`` in place on ``answers`` (AdamW, cosine decay); the target stays
-    frozen. Returns the loss of every step."""
+               config: TrainConfig, progress: bool = True, step: TrainStep = train_step
+               ) -> list[float]:
+    """Train ``head`` in place on ``answers`` (AdamW, cosine decay), one ``step`` per batch;
+    the target stays frozen. Returns the loss of every step."""
     if not answers:
         raise ValueError("no answers to train on")
     rng = random.Random(config.seed)
@@ -126,14 +155,9 @@ def train_head(head: DraftHead, target: Transformer, answers: list[Answer],
     for _ in bar:
         batch = make_batch(rng.sample(answers, min(config.batch_size, len(answers))),
                            config.max_len)
-        loss, agreement = unrolled_loss(head, target, batch, config.depth)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
+        losses.append(step(head, target, batch, optimizer, config.depth))
         schedule.step()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", top1="/".join(f"{a:.2f}" for a in agreement))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
     head.eval()
     return losses
 

@@ -8,6 +8,10 @@
   (``benchmarks/verification_cost.py``);
 * :mod:`.kv_rounding` — attention through a rounded (int8, int4) KV cache in the engine,
   with any quantizer: chapter 12's section 9 passes the learner's beside the library's.
+* :mod:`.self_distillation` — a draft head's training data: the engine's answers to chat
+  prompts and the target's features over them (``minillm train-draft-head``, the lab below);
+* :mod:`.draft_head_lab` — chapter 11's lab: a draft head trained by the learner's step
+  beside the library's, then drafting in the engine.
 
 They sit above every other layer of the library (they use the engine, the clients and
 the quantizers as a user would) and nothing in the library imports them.
