@@ -21,12 +21,17 @@ gemma3_text    the ``(1 + w)`` RMSNorm, four norms per block (around attention a
                GeGLU with tanh-GELU, embeddings times √hidden, QK-norm, scores scaled by
                ``query_pre_attn_scalar``⁻½, and local (sliding-window) layers between global
                ones, each kind with its own RoPE base
+qwen2_moe,     mixture-of-experts layers (:mod:`minillm.moe`) in place of the MLP, on the layers
+qwen3_moe,     ``moe_layers`` names; otherwise Qwen2's, Qwen3's, Llama's and Mistral's
+mixtral        attention (Qwen2-MoE's shared expert is gated)
+olmoe          mixture-of-experts layers, and QK-norm over the whole q and k projections
+               (not per head: ``qk_norm_whole``)
 =============  ==============================================================================
 
 Qwen2 and Qwen3 configs may ask for sliding windows too (``use_sliding_window``, on the
 layers from ``max_window_layers`` up); those are read the same way as Gemma's layer types.
-Mixture-of-experts and multi-head latent attention models are other families, refused here
-with the list of the supported ones.
+Multi-head latent attention models (DeepSeek-V3) are another family, refused here with the
+list of the supported ones.
 """
 
 from __future__ import annotations
@@ -35,7 +40,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FAMILIES = ("llama", "smollm", "mistral", "qwen2", "qwen3", "gemma3_text")  # model_type
+from .moe_checkpoint import moe_fields, moe_hf_fields
+
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
+FAMILIES = ("llama", "smollm", "mistral", "qwen2", "qwen3", "gemma3_text",
+            *MOE_FAMILIES)  # model_type
+QWEN = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # whose windows use_sliding_window switches on
 SLIDING, FULL = "sliding_attention", "full_attention"  # Hugging Face's layer_types
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -70,6 +80,9 @@ class ModelConfig:
     sliding_window: int | None = None  # sliding layers see only the last this-many tokens
     layer_types: list[str] | None = None  # per layer: sliding/full_attention (None: all alike)
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3)
+    qk_norm_whole: bool = False  # QK-norm over the whole q and k projections (OLMoE)
+    moe: dict | None = None  # the MoE layer's arguments (minillm.moe.MoE), for sparse layers
+    moe_layers: list[int] | None = None  # the sparse layers: their MLP is moe's MoE
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads != 0:
@@ -108,8 +121,13 @@ class ModelConfig:
                        (f"a {self.hidden_act} MLP", self.hidden_act != "silu"),
                        ("scaled embeddings", self.embedding_scale != 1.0),
                        ("query_pre_attn_scalar", self.query_pre_attn_scalar is not None),
-                       ("sliding-window layers", self.has_windows())]
+                       ("sliding-window layers", self.has_windows()),
+                       ("mixture-of-experts layers", self.moe is not None)]
         return [what for what, present in differences if present]
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """Whether layer ``layer_index``'s feed-forward is the MoE layer (else the MLP)."""
+        return self.moe is not None and layer_index in self.moe_layers
 
     @property
     def queries_per_kv_head(self) -> int:
@@ -194,11 +212,21 @@ class ModelConfig:
         q_kv = h * (self.num_heads + 2 * self.num_kv_heads)
         attn = d * q_kv + self.num_heads * h * d
         attn += q_kv * (self.qkv_bias or self.attention_bias) + d * self.attention_bias
-        attn += 2 * h * self.qk_norm
+        q_kv_norm = h * (self.num_heads + self.num_kv_heads) if self.qk_norm_whole else 2 * h
+        attn += q_kv_norm * self.qk_norm
         mlp = 3 * d * self.intermediate_size + (2 * self.intermediate_size + d) * self.mlp_bias
-        per_layer = attn + mlp + (4 if self.gemma_norms else 2) * d
+        per_layer = attn + (4 if self.gemma_norms else 2) * d
+        feed_forward = sum(self._moe_parameters() if self.is_moe_layer(i) else mlp
+                           for i in range(self.num_layers))
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + d
+        return self.num_layers * per_layer + feed_forward + embed + d
+
+    def _moe_parameters(self) -> int:
+        """One MoE layer's parameters: the router, E SwiGLU experts and any shared ones."""
+        d, moe = self.hidden_size, self.moe
+        shared = moe["shared_intermediate_size"] or 0
+        return (d * moe["num_experts"] + 3 * d * moe["expert_intermediate_size"]
+                * moe["num_experts"] + 3 * d * shared + d * (moe["shared_gate"] and shared > 0))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -229,10 +257,12 @@ def family_fields(hf: dict) -> dict:
                          f"{', '.join(FAMILIES)} checkpoints (dense decoders)")
     _refuse_unsupported(hf)
     fields = {"family": family, **_windows(hf)}
-    if family == "qwen2":
-        fields["qkv_bias"] = True
-    if family == "qwen3":
-        fields["qk_norm"] = True
+    if family in ("qwen2", "qwen2_moe"):
+        fields["qkv_bias"] = hf.get("qkv_bias", True)
+    if family in ("qwen3", "qwen3_moe", "olmoe"):
+        fields.update(qk_norm=True, qk_norm_whole=family == "olmoe")
+    if family in MOE_FAMILIES:
+        fields.update(moe_fields(hf))
     if family == "gemma3_text":
         fields.update(tie_word_embeddings=hf.get("tie_word_embeddings", True), qk_norm=True,
                       gemma_norms=True, hidden_act="gelu_pytorch_tanh",
@@ -266,7 +296,7 @@ def _windows(hf: dict) -> dict:
     """``sliding_window`` and ``layer_types``: which layers attend to a window only. A
     window as long as the context hides nothing and is dropped."""
     window = hf.get("sliding_window")
-    if hf.get("model_type") in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+    if hf.get("model_type") in QWEN and not hf.get("use_sliding_window", False):
         window = None
     if window is None or window >= hf.get("max_position_embeddings", 2048):
         return {}
@@ -275,7 +305,7 @@ def _windows(hf: dict) -> dict:
     if types is None and hf.get("model_type") == "gemma3_text":
         pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
-    elif types is None and hf.get("model_type") in ("qwen2", "qwen3"):
+    elif types is None and hf.get("model_type") in QWEN:
         first = hf.get("max_window_layers", layers)
         types = [SLIDING if i >= first else FULL for i in range(layers)]
     if types is not None and set(types) - {SLIDING, FULL}:
@@ -290,6 +320,9 @@ def _refuse_unsupported(hf: dict) -> None:
         if hf.get(name) is not None:
             raise ValueError(f"{name}={hf[name]} (Gemma 2's tanh soft-capping) is not "
                              "implemented; minillm runs Gemma 3, which has none")
+    if hf.get("clip_qkv") is not None:
+        raise ValueError(f"clip_qkv={hf['clip_qkv']} (OLMo's clamped q, k, v) is not "
+                         "implemented; minillm runs OLMoE checkpoints without it")
     if hf.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention=True (an encoder-style Gemma) is not "
                          "a causal decoder; minillm runs causal language models only")
@@ -303,9 +336,9 @@ def family_hf_fields(config) -> dict:
         fields["sliding_window"] = config.sliding_window
         if config.layer_types is not None:
             fields["layer_types"] = list(config.layer_types)
-        if config.family in ("qwen2", "qwen3"):
+        if config.family in QWEN:
             fields["use_sliding_window"] = True
-    elif config.family in ("mistral", "gemma3_text", "qwen2", "qwen3"):
+    elif config.family in ("mistral", "gemma3_text", "mixtral", *QWEN):
         fields["sliding_window"] = None
     if config.family == "gemma3_text":
         fields.update(hidden_activation=config.hidden_act,
@@ -316,6 +349,11 @@ def family_hf_fields(config) -> dict:
                                                  "rope_theta": config.rope_local_theta}})
     else:
         fields["hidden_act"] = config.hidden_act
+    if config.family == "qwen2_moe":
+        fields["qkv_bias"] = config.qkv_bias
+    if config.moe is not None:
+        fields.update(moe_hf_fields(config.family, config.moe, config.moe_layers,
+                                    config.num_layers))
     return fields
 
 
@@ -332,6 +370,10 @@ GEMMA_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm":
                      "post_feedforward_layernorm": "mlp_out_norm", "self_attn": "attn"}
 
 
+MIXTRAL_LAYER_NAMES = {**LLAMA_LAYER_NAMES, "block_sparse_moe": "mlp"}
+
+
 def layer_names(family: str) -> dict[str, str]:
     """Hugging Face's module names inside a decoder layer, mapped to minillm's."""
-    return GEMMA_LAYER_NAMES if family == "gemma3_text" else LLAMA_LAYER_NAMES
+    return {"gemma3_text": GEMMA_LAYER_NAMES,
+            "mixtral": MIXTRAL_LAYER_NAMES}.get(family, LLAMA_LAYER_NAMES)
