@@ -49,12 +49,12 @@ COMPILED_LAYERS = (torch.nn.Linear, MatVecLinear, WeightOnlyLinear, Int8Activati
 
 def compile_problem(model: Transformer) -> str | None:
     """Why ``model``'s decode steps cannot be compiled here, or None."""
-    if model.config.has_windows():
-        return ("its decode attention (minillm::paged_decode_attention) has no sliding "
-                f"window, which this {model.config.family} model's layers need")
     if model.config.moe is not None:
         return ("its mixture-of-experts layers group the tokens by expert, in shapes the "
                 "routing decides at run time; the compiled graphs take fixed ones")
+    if model.config.has_windows():
+        return ("its decode attention (minillm::paged_decode_attention) has no sliding "
+                f"window, which this {model.config.family} model's layers need")
     for name, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, CompressedLinear)) and \
                 type(module) not in COMPILED_LAYERS:
