@@ -32,18 +32,19 @@ DENSE_FAMILIES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
                   "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
                   "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=WINDOW)),
                   "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA)}
-EXPERTS = dict(num_experts_per_tok=2)  # of 8; layer 1 of the Qwens stays dense
+# 3 layers (layer 1 of the Qwens stays dense), 2 of 6 experts per token
+EXPERTS = dict(num_hidden_layers=3, num_experts_per_tok=2)
 MOE_FAMILIES = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  dict(EXPERTS, num_experts=8, moe_intermediate_size=32, mlp_only_layers=[1],
+                  dict(EXPERTS, num_experts=6, moe_intermediate_size=32, mlp_only_layers=[1],
                        shared_expert_intermediate_size=48)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  dict(EXPERTS, num_experts=8, moe_intermediate_size=32, mlp_only_layers=[1],
+                  dict(EXPERTS, num_experts=6, moe_intermediate_size=32, mlp_only_layers=[1],
                        norm_topk_prob=True)),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(EXPERTS, num_experts=8,
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(EXPERTS, num_experts=6,
                                                       intermediate_size=32)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(EXPERTS, num_local_experts=8, intermediate_size=32,
+                dict(EXPERTS, num_local_experts=6, intermediate_size=32,
                      sliding_window=WINDOW)),
 }
 FAMILIES = {**DENSE_FAMILIES, **MOE_FAMILIES}
