@@ -145,15 +145,15 @@ def stack_model_experts(state: dict[str, torch.Tensor], moe_layers: list[int],
 def experts_to_hf(layer: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
     """The inverse of :func:`state_from_hf` for one layer's state dict (names relative to the
     layer): one tensor per expert and projection, named as ``family``'s checkpoints name them."""
-    gate_name, up_name, down_name = (
-        (HF_EXPERT_NAMES[kind][family == "mixtral"] for kind in ("gate_proj", "up_proj",
-                                                                 "down_proj")))
+    gate_name, up_name, down_name = (HF_EXPERT_NAMES[kind][family == "mixtral"]
+                                     for kind in ("gate_proj", "up_proj", "down_proj"))
     out = {}
     for name, tensor in layer.items():
         if name == "experts.gate_up_proj":
-            for e, (gate, up) in enumerate(zip(*tensor.chunk(2, dim=1))):
-                out[f"experts.{e}.{gate_name}.weight"] = gate.clone()
-                out[f"experts.{e}.{up_name}.weight"] = up.clone()
+            gates, ups = tensor.chunk(2, dim=1)
+            for e in range(len(tensor)):
+                out[f"experts.{e}.{gate_name}.weight"] = gates[e].clone()
+                out[f"experts.{e}.{up_name}.weight"] = ups[e].clone()
         elif name == "experts.down_proj":
             out.update({f"experts.{e}.{down_name}.weight": down.clone()
                         for e, down in enumerate(tensor)})
