@@ -26,12 +26,15 @@ qwen3_moe,     ``moe_layers`` names; otherwise Qwen2's, Qwen3's, Llama's and Mis
 mixtral        attention (Qwen2-MoE's shared expert is gated)
 olmoe          mixture-of-experts layers, and QK-norm over the whole q and k projections
                (not per head: ``qk_norm_whole``)
+deepseek_v3    multi-head latent attention (:mod:`minillm.mla`: ``mla``, RoPE over its
+               ``qk_rope_head_dim`` channels only) and mixture-of-experts layers with
+               sigmoid routing and a shared expert after ``first_k_dense_replace`` dense ones;
+               the dense loop caches its latents, the paged engine refuses it for now
 =============  ==============================================================================
 
 Qwen2 and Qwen3 configs may ask for sliding windows too (``use_sliding_window``, on the
 layers from ``max_window_layers`` up); those are read the same way as Gemma's layer types.
-Multi-head latent attention models (DeepSeek-V3) are another family, refused here with the
-list of the supported ones.
+Other families are refused with the list of the supported ones.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class ModelConfig:
     qk_norm_whole: bool = False  # QK-norm over the whole q and k projections (OLMoE)
     moe: dict | None = None  # the MoE layer's arguments (minillm.moe.MoE), for sparse layers
     moe_layers: list[int] | None = None  # the sparse layers: their MLP is moe's MoE
+    mla: dict | None = None  # multi-head latent attention's sizes (minillm.mla.LatentShape);
+    # head_dim is then its rotary part, qk_rope_head_dim
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads != 0:
@@ -117,7 +122,8 @@ class ModelConfig:
                        ("scaled embeddings", self.embedding_scale != 1.0),
                        ("query_pre_attn_scalar", self.query_pre_attn_scalar is not None),
                        ("sliding-window layers", self.has_windows()),
-                       ("mixture-of-experts layers", self.moe is not None)]
+                       ("mixture-of-experts layers", self.moe is not None),
+                       ("multi-head latent attention", self.mla is not None)]
         return [what for what, present in differences if present]
 
     def is_moe_layer(self, layer_index: int) -> bool:
@@ -209,12 +215,27 @@ class ModelConfig:
         attn += q_kv * (self.qkv_bias or self.attention_bias) + d * self.attention_bias
         q_kv_norm = h * (self.num_heads + self.num_kv_heads) if self.qk_norm_whole else 2 * h
         attn += q_kv_norm * self.qk_norm
+        if self.mla is not None:
+            attn = self._mla_parameters()
         mlp = 3 * d * self.intermediate_size + (2 * self.intermediate_size + d) * self.mlp_bias
         per_layer = attn + (4 if self.gemma_norms else 2) * d
         feed_forward = sum(self._moe_parameters() if self.is_moe_layer(i) else mlp
                            for i in range(self.num_layers))
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + feed_forward + embed + d
+
+    def _mla_parameters(self) -> int:
+        """One MLA layer's parameters: low-rank (or full) queries, the latent and rotary-key
+        projection with its norm, the up-projection of keys and values, the output."""
+        d, heads, m = self.hidden_size, self.num_heads, self.mla
+        qk_head = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+        q_rank = m["q_lora_rank"]
+        queries = d * heads * qk_head if q_rank is None else \
+            d * q_rank + q_rank + q_rank * heads * qk_head
+        rank = m["kv_lora_rank"]
+        latent = d * (rank + m["qk_rope_head_dim"]) + rank + \
+            rank * heads * (m["qk_nope_head_dim"] + m["v_head_dim"])
+        return queries + latent + heads * m["v_head_dim"] * d
 
     def _moe_parameters(self) -> int:
         """One MoE layer's parameters: the router, E SwiGLU experts and any shared ones."""

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from .moe_checkpoint import moe_fields, moe_hf_fields
 
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "deepseek_v3")
+MLA_FAMILIES = ("deepseek_v3",)
 FAMILIES = ("llama", "smollm", "mistral", "qwen2", "qwen3", "gemma3_text",
             *MOE_FAMILIES)  # model_type
+MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+              "q_lora_rank")  # DeepSeek's names, minillm.mla.LatentShape's too
 QWEN = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # whose windows use_sliding_window switches on
 SLIDING, FULL = "sliding_attention", "full_attention"  # Hugging Face's layer_types
 
@@ -35,6 +38,10 @@ def family_fields(hf: dict) -> dict:
         fields.update(qk_norm=True, qk_norm_whole=family == "olmoe")
     if family in MOE_FAMILIES:
         fields.update(moe_fields(hf))
+    if family in MLA_FAMILIES:  # RoPE turns only the qk_rope_head_dim channels
+        fields.update(mla={**{name: hf.get(name) for name in MLA_FIELDS},
+                           "rope_interleave": hf.get("rope_interleave", True)},
+                      head_dim=hf["qk_rope_head_dim"])
     if family == "gemma3_text":
         fields.update(tie_word_embeddings=hf.get("tie_word_embeddings", True), qk_norm=True,
                       gemma_norms=True, hidden_act="gelu_pytorch_tanh",

@@ -26,6 +26,7 @@ from torch import nn
 
 from .attention import get_backend
 from .config import AttentionKind, ModelConfig
+from .mla import LatentAttention, LatentShape
 from .moe import MoE
 from .rope import RotaryEmbedding, apply_rotary
 
@@ -137,6 +138,20 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+class LatentAttentionLayer(LatentAttention):
+    """Multi-head latent attention (:mod:`minillm.mla`) as layer ``layer_index``'s attention:
+    it keeps its latents in that layer's part of a :class:`~minillm.mla.LatentKVCache`."""
+
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__(config.hidden_size, LatentShape(config.num_heads, **config.mla),
+                         bias=config.attention_bias, eps=config.rms_norm_eps)
+        self.layer_index = layer_index
+
+    def forward(self, x, rope_cos, rope_sin, mask, cache=None):
+        layer_cache = None if cache is None else cache.latent_layer(self.layer_index)
+        return super().forward(x, rope_cos, rope_sin, mask, layer_cache)
+
+
 class Block(nn.Module):
     """One pre-norm transformer layer: attention then MLP, each added to the residual stream
     (Gemma normalises their outputs too, before adding them). ``kind``: how it attends. On
@@ -147,7 +162,8 @@ class Block(nn.Module):
         d, sandwich = config.hidden_size, config.gemma_norms
         self.kind = config.attention_kinds()[layer_index]
         self.attn_norm = make_norm(config, d)
-        self.attn = Attention(config, layer_index, backend)
+        self.attn = (LatentAttentionLayer(config, layer_index) if config.mla is not None
+                     else Attention(config, layer_index, backend))
         self.attn_out_norm = make_norm(config, d) if sandwich else nn.Identity()
         self.mlp_norm = make_norm(config, d)
         self.mlp = MoE(**config.moe) if config.is_moe_layer(layer_index) else MLP(config)

@@ -47,7 +47,15 @@ MOE_FAMILIES = {
                 dict(EXPERTS, num_local_experts=6, intermediate_size=32,
                      sliding_window=WINDOW)),
 }
-FAMILIES = {**DENSE_FAMILIES, **MOE_FAMILIES}
+MLA_FAMILIES = {  # 3 layers, the first dense; latents of 16 + 8 rotary numbers per token
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(EXPERTS, num_key_value_heads=4, n_routed_experts=6,
+                         moe_intermediate_size=32, n_shared_experts=1, n_group=2, topk_group=1,
+                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                         qk_rope_head_dim=8, head_dim=8, qk_nope_head_dim=8, v_head_dim=12,
+                         rope_scaling=None)),
+}
+FAMILIES = {**DENSE_FAMILIES, **MOE_FAMILIES, **MLA_FAMILIES}
 PROMPTS = [[5, 17, 99, 3, 42, 7, 8, 11, 60, 2, 71, 33], [1, 2], list(range(30, 50)),
            [9] * 13]
 MAX_TOKENS = 12
@@ -69,6 +77,9 @@ def hf_model(family: str, seed: int = 0):
                 param.add_(0.3 * torch.randn_like(param))
             else:
                 param.normal_(0, 0.02 if "embed" in name else 0.3)
+        for name, buffer in model.named_buffers():  # DeepSeek's load-balancing bias
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.3)
     return model
 
 

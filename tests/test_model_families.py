@@ -24,10 +24,10 @@ class TestDenseFamilies(FamilyChecks):
     pass
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v3", "gemma2"])
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "gemma2"])
 def test_other_families_are_refused_with_the_supported_ones_named(model_type):
     hf = {"model_type": model_type, "vocab_size": 128, "hidden_size": 64,
           "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
     with pytest.raises(ValueError, match="llama, smollm, mistral, qwen2, qwen3, gemma3_text, "
-                                         "qwen2_moe, qwen3_moe, olmoe, mixtral"):
+                                         "qwen2_moe, qwen3_moe, olmoe, mixtral, deepseek_v3"):
         ModelConfig.from_hf(hf)

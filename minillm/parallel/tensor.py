@@ -217,14 +217,17 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
 def check_model_split(config, world: int, shard_attention: bool = True,
                       layers: ParallelLayers | None = None) -> None:
     """:func:`check_split` for a model's config, and refuse, saying what to do, what these
-    shards cannot compute: a QK-norm over all heads split by head, a mixture-of-experts
-    model built from dense parallel ``layers``, experts that do not split evenly."""
+    shards cannot compute: latent attention, a QK-norm over all heads split by head, a
+    mixture-of-experts model built from dense parallel ``layers``, uneven experts."""
     dense = len(config.moe_layers or []) < config.num_layers  # else no dense MLP columns
     check_split(config.num_heads, config.num_kv_heads, config.intermediate_size if dense else 0,
                 config.vocab_size, world, shard_attention)
     if config.moe is not None and config.moe["num_experts"] % world:
         raise ValueError(f"{config.moe['num_experts']} experts do not split evenly over "
                          f"{world} ranks; choose a world size that divides the expert count")
+    if config.mla is not None:
+        raise ValueError(f"tensor parallelism does not split this {config.family} model's "
+                         "multi-head latent attention yet; run it in one process")
     if config.qk_norm_whole and shard_attention:
         raise ValueError(f"this {config.family} model's QK-norm spans every head of q and k, "
                          "which sharded attention splits; pass shard_attention=False")
