@@ -181,8 +181,9 @@ class LatentKVCache:
         self.layers = [LatentCache() for _ in range(num_layers)]
         self.length = 0
 
-    def latent_layer(self, index: int) -> LatentCache:
-        return self.layers[index]
+    def attend_latent(self, attn: LatentAttention, x, cos, sin, mask) -> torch.Tensor:
+        """Layer ``attn.layer_index``'s attention over its cached latents and the new ones."""
+        return LatentAttention.forward(attn, x, cos, sin, mask, self.layers[attn.layer_index])
 
     def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
         key_steps = torch.arange(self.length + n_new)

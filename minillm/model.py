@@ -139,8 +139,9 @@ class Attention(nn.Module):
 
 
 class LatentAttentionLayer(LatentAttention):
-    """Multi-head latent attention (:mod:`minillm.mla`) as layer ``layer_index``'s attention:
-    it keeps its latents in that layer's part of a :class:`~minillm.mla.LatentKVCache`."""
+    """Multi-head latent attention (:mod:`minillm.mla`) as layer ``layer_index``'s attention.
+    A cache (the dense loop's :class:`~minillm.mla.LatentKVCache`, the engine's latent pool)
+    stores its latents and attends: ``cache.attend_latent(self, x, cos, sin, mask)``."""
 
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__(config.hidden_size, LatentShape(config.num_heads, **config.mla),
@@ -148,8 +149,9 @@ class LatentAttentionLayer(LatentAttention):
         self.layer_index = layer_index
 
     def forward(self, x, rope_cos, rope_sin, mask, cache=None):
-        layer_cache = None if cache is None else cache.latent_layer(self.layer_index)
-        return super().forward(x, rope_cos, rope_sin, mask, layer_cache)
+        if cache is None:
+            return super().forward(x, rope_cos, rope_sin, mask)
+        return cache.attend_latent(self, x, rope_cos, rope_sin, mask)
 
 
 class Block(nn.Module):

@@ -91,11 +91,6 @@ class PagedKVCache:
         reading the pool through the block tables (the learner's, chapter 12), instead of
         gathering the blocks for the attention backend; it reads float pools only.
         ``kv_cache_dtype``: float32 (None: the model's ``dtype``), int8 or int4."""
-        if config.mla is not None:
-            raise ValueError(f"this {config.family} model caches one latent per token and "
-                             "layer (multi-head latent attention), and the paged pool holds "
-                             "keys and values: run it in minillm.reference.generate, whose "
-                             "LatentKVCache holds latents, until the engine has a latent pool")
         self.kv_cache_dtype = kv_cache_dtype_of(kv_cache_dtype)
         if self.quantized and decode_attention is not None:
             raise ValueError("decode_attention= reads a float pool: leave kv_cache_dtype at "
