@@ -27,16 +27,14 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM",
                  "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                  "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                 "olmoe": "OlmoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+                 "olmoe": "OlmoeForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
     """Write ``model`` as a Hugging Face checkpoint of its family (config.json +
     model.safetensors): a Llama's as ``LlamaForCausalLM``; a mixture-of-experts model's
     stacked experts one tensor per expert, as its family's checkpoints hold them."""
-    if model.config.mla is not None:
-        raise ValueError(f"saving a {model.config.family} model (multi-head latent attention) "
-                         "is not implemented; keep the checkpoint it was loaded from")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     family = model.config.family

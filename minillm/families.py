@@ -130,6 +130,8 @@ def family_hf_fields(config) -> dict:
         fields["hidden_act"] = config.hidden_act
     if config.family == "qwen2_moe":
         fields["qkv_bias"] = config.qkv_bias
+    if config.mla is not None:
+        fields.update(config.mla, qk_rope_head_dim=config.head_dim)
     if config.moe is not None:
         fields.update(moe_hf_fields(config.family, config.moe, config.moe_layers,
                                     config.num_layers))

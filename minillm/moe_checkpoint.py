@@ -126,6 +126,14 @@ def moe_hf_fields(family: str, moe: dict, moe_layers: list[int], num_layers: int
                       mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers])
     if family == "qwen2_moe":
         fields["shared_expert_intermediate_size"] = moe["shared_intermediate_size"] or 0
+    if family == "deepseek_v3":
+        width = moe["expert_intermediate_size"]
+        fields.update(n_routed_experts=fields.pop("num_experts"), moe_intermediate_size=width,
+                      n_shared_experts=(moe["shared_intermediate_size"] or 0) // width,
+                      scoring_func=moe["scoring"], n_group=moe["num_groups"],
+                      topk_group=moe["top_groups"],
+                      routed_scaling_factor=moe["routed_scaling_factor"],
+                      first_k_dense_replace=min(moe_layers, default=num_layers))
     return fields
 
 
