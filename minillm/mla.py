@@ -169,6 +169,33 @@ class LatentAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+class LatentKVCache:
+    """A whole model's latent cache for the dense decoding loop: one :class:`LatentCache`
+    per layer, and the step bookkeeping of :class:`minillm.kv_cache.KVCache` (every query
+    sees every earlier step)."""
+
+    window: int | None = None
+    decode_needs_mask = False
+
+    def __init__(self, num_layers: int):
+        self.layers = [LatentCache() for _ in range(num_layers)]
+        self.length = 0
+
+    def attend_latent(self, attn: LatentAttention, x, cos, sin, mask) -> torch.Tensor:
+        """Layer ``attn.layer_index``'s attention over its cached latents and the new ones."""
+        return LatentAttention.forward(attn, x, cos, sin, mask, self.layers[attn.layer_index])
+
+    def steps(self, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key_steps = torch.arange(self.length + n_new)
+        return key_steps[self.length:], key_steps
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+
 class LatentCache:
     """A contiguous per-layer cache of latents and rotary keys (the readable form; the
     engine's paged pool stores the same 576 numbers per token in blocks)."""

@@ -26,6 +26,8 @@ from torch import nn
 
 from .attention import get_backend
 from .config import AttentionKind, ModelConfig
+from .mla import LatentAttention, LatentShape
+from .moe import MoE
 from .rope import RotaryEmbedding, apply_rotary
 
 # each layer kind's (rope_cos, rope_sin, mask) for one forward pass
@@ -86,7 +88,8 @@ class MLP(nn.Module):
 class Attention(nn.Module):
     """Multi-head attention with ``num_kv_heads`` key/value heads shared by groups of queries.
 
-    With QK-norm, each head of q and k is RMS-normalised before RoPE. The backends scale
+    With QK-norm, each head of q and k is RMS-normalised before RoPE (OLMoE normalises the
+    whole q and k projections instead, all heads at once: ``qk_norm_whole``). The backends scale
     scores by 1/sqrt(head_dim); a ``query_pre_attn_scalar`` s asks for 1/sqrt(s), so q is
     multiplied by sqrt(head_dim / s) first (``query_scale``)."""
 
@@ -101,8 +104,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, config.num_kv_heads * hd, bias=qkv_bias)
         self.v_proj = nn.Linear(d, config.num_kv_heads * hd, bias=qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * hd, d, bias=bias)
-        self.q_norm = make_norm(config, hd) if config.qk_norm else nn.Identity()
-        self.k_norm = make_norm(config, hd) if config.qk_norm else nn.Identity()
+        self.qk_norm_whole = config.qk_norm_whole
+        q_width, k_width = ((config.num_heads * hd, config.num_kv_heads * hd)
+                            if config.qk_norm_whole else (hd, hd))
+        self.q_norm = make_norm(config, q_width) if config.qk_norm else nn.Identity()
+        self.k_norm = make_norm(config, k_width) if config.qk_norm else nn.Identity()
         scalar = config.query_pre_attn_scalar
         self.query_scale = 1.0 if scalar is None else (hd / scalar) ** 0.5
         self.backend = get_backend(backend)
@@ -111,12 +117,17 @@ class Attention(nn.Module):
         batch, seq, _ = x.shape
         return x.view(batch, seq, heads, self.head_dim).transpose(1, 2)
 
+    def _normed_heads(self, x: torch.Tensor, heads: int, norm: nn.Module) -> torch.Tensor:
+        """x [batch, seq, heads * head_dim] -> QK-normed heads [batch, heads, seq, head_dim]."""
+        if self.qk_norm_whole:
+            return self._split_heads(norm(x), heads)
+        return norm(self._split_heads(x, heads))
+
     def forward(self, x, rope_cos, rope_sin, mask, cache=None):
         batch, seq, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k, v = (self._split_heads(q, self.num_heads), self._split_heads(k, self.num_kv_heads),
-                   self._split_heads(v, self.num_kv_heads))
-        q, k = self.q_norm(q), self.k_norm(k)
+        q = self._normed_heads(self.q_proj(x), self.num_heads, self.q_norm)
+        k = self._normed_heads(self.k_proj(x), self.num_kv_heads, self.k_norm)
+        v = self._split_heads(self.v_proj(x), self.num_kv_heads)
         q, k = apply_rotary(q, rope_cos, rope_sin), apply_rotary(k, rope_cos, rope_sin)
         if self.query_scale != 1.0:
             q = q * self.query_scale
@@ -127,19 +138,37 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+class LatentAttentionLayer(LatentAttention):
+    """Multi-head latent attention (:mod:`minillm.mla`) as layer ``layer_index``'s attention.
+    A cache (the dense loop's :class:`~minillm.mla.LatentKVCache`, the engine's latent pool)
+    stores its latents and attends: ``cache.attend_latent(self, x, cos, sin, mask)``."""
+
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__(config.hidden_size, LatentShape(config.num_heads, **config.mla),
+                         bias=config.attention_bias, eps=config.rms_norm_eps)
+        self.layer_index = layer_index
+
+    def forward(self, x, rope_cos, rope_sin, mask, cache=None):
+        if cache is None:
+            return super().forward(x, rope_cos, rope_sin, mask)
+        return cache.attend_latent(self, x, rope_cos, rope_sin, mask)
+
+
 class Block(nn.Module):
     """One pre-norm transformer layer: attention then MLP, each added to the residual stream
-    (Gemma normalises their outputs too, before adding them). ``kind``: how it attends."""
+    (Gemma normalises their outputs too, before adding them). ``kind``: how it attends. On
+    a mixture-of-experts model's sparse layers the MLP is a :class:`~minillm.moe.MoE`."""
 
     def __init__(self, config: ModelConfig, layer_index: int, backend: str):
         super().__init__()
         d, sandwich = config.hidden_size, config.gemma_norms
         self.kind = config.attention_kinds()[layer_index]
         self.attn_norm = make_norm(config, d)
-        self.attn = Attention(config, layer_index, backend)
+        self.attn = (LatentAttentionLayer(config, layer_index) if config.mla is not None
+                     else Attention(config, layer_index, backend))
         self.attn_out_norm = make_norm(config, d) if sandwich else nn.Identity()
         self.mlp_norm = make_norm(config, d)
-        self.mlp = MLP(config)
+        self.mlp = MoE(**config.moe) if config.is_moe_layer(layer_index) else MLP(config)
         self.mlp_out_norm = make_norm(config, d) if sandwich else nn.Identity()
 
     def forward(self, x, rope_cos, rope_sin, mask, cache=None):

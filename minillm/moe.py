@@ -126,14 +126,22 @@ def run_experts(rows: torch.Tensor, counts: list[int], gate_up: torch.Tensor,
     return torch.cat(outputs) if outputs else rows.new_zeros(0, down.shape[1])
 
 
+def combine(rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Expert outputs [T*k, H] in expert order (row j answers assignment ``order[j]``) ->
+    Σ_j weights[t, j] · output of (t, j), per token [T, H]: the rows are put back in
+    (token, slot) order and each token's k weighted rows summed. (A gather and a sum:
+    ``index_add_`` does the same but costs milliseconds per call on busy CPU threads.)"""
+    tokens, k = weights.shape
+    rows = rows * weights.reshape(-1)[order, None].to(rows.dtype)
+    return rows[torch.argsort(order)].view(tokens, k, -1).sum(1)
+
+
 def dispatch(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
              gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """Σ_j weights[t, j] · expert_{ids[t, j]}(x_t) for every token t of x [T, H]."""
     order, counts = sort_by_expert(expert_ids, len(gate_up))
     token_of = order // expert_ids.shape[1]
-    rows = run_experts(x[token_of], counts, gate_up, down)
-    rows = rows * weights.reshape(-1)[order, None].to(rows.dtype)
-    return torch.zeros_like(x).index_add_(0, token_of, rows)
+    return combine(run_experts(x[token_of], counts, gate_up, down), order, weights).to(x.dtype)
 
 
 class Experts(nn.Module):

@@ -102,3 +102,73 @@ def state_from_hf(tensors: dict[str, torch.Tensor], prefix: str,
                                                    stack_experts(layer, "up_proj", num_experts)], 1)
         state["experts.down_proj"] = stack_experts(layer, "down_proj", num_experts)
     return state
+
+
+# -- a whole model: config fields and the experts of every sparse layer -----------------
+
+
+def moe_fields(hf: dict) -> dict:
+    """:class:`~minillm.config.ModelConfig`'s ``moe`` (the layer's arguments) and
+    ``moe_layers`` (the sparse layers' indices) from a Hugging Face MoE config."""
+    layers = [i for i in range(hf["num_hidden_layers"]) if is_moe_layer(hf, i)]
+    return {"moe": moe_arguments(hf), "moe_layers": layers}
+
+
+def moe_hf_fields(family: str, moe: dict, moe_layers: list[int], num_layers: int) -> dict:
+    """The inverse of :func:`moe_fields`: the MoE fields of ``family``'s config.json."""
+    fields = {"num_local_experts" if family == "mixtral" else "num_experts": moe["num_experts"],
+              "num_experts_per_tok": moe["top_k"]}
+    if family != "mixtral":  # Mixtral always renormalises and has no such field
+        fields["norm_topk_prob"] = moe["norm_topk_prob"]
+    if family in ("qwen2_moe", "qwen3_moe"):
+        fields.update(moe_intermediate_size=moe["expert_intermediate_size"],
+                      decoder_sparse_step=1,
+                      mlp_only_layers=[i for i in range(num_layers) if i not in moe_layers])
+    if family == "qwen2_moe":
+        fields["shared_expert_intermediate_size"] = moe["shared_intermediate_size"] or 0
+    if family == "deepseek_v3":
+        width = moe["expert_intermediate_size"]
+        fields.update(n_routed_experts=fields.pop("num_experts"), moe_intermediate_size=width,
+                      n_shared_experts=(moe["shared_intermediate_size"] or 0) // width,
+                      scoring_func=moe["scoring"], n_group=moe["num_groups"],
+                      topk_group=moe["top_groups"],
+                      routed_scaling_factor=moe["routed_scaling_factor"],
+                      first_k_dense_replace=min(moe_layers, default=num_layers))
+    return fields
+
+
+def stack_model_experts(state: dict[str, torch.Tensor], moe_layers: list[int],
+                        num_experts: int) -> dict[str, torch.Tensor]:
+    """A whole model's state dict (minillm's names, ``layers.3.mlp.experts.0.gate_proj.weight``
+    as the checkpoint has them) with every sparse layer's experts stacked (a new dict)."""
+    state = dict(state)
+    for index in moe_layers:
+        prefix = f"layers.{index}.mlp."
+        layer = state_from_hf(state, prefix, num_experts)
+        state = {name: t for name, t in state.items() if not name.startswith(prefix)}
+        state.update({prefix + name: t for name, t in layer.items()})
+    return state
+
+
+def experts_to_hf(layer: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`state_from_hf` for one layer's state dict (names relative to the
+    layer): one tensor per expert and projection, named as ``family``'s checkpoints name them."""
+    gate_name, up_name, down_name = (HF_EXPERT_NAMES[kind][family == "mixtral"]
+                                     for kind in ("gate_proj", "up_proj", "down_proj"))
+    out = {}
+    for name, tensor in layer.items():
+        if name == "experts.gate_up_proj":
+            gates, ups = tensor.chunk(2, dim=1)
+            for e in range(len(tensor)):
+                out[f"experts.{e}.{gate_name}.weight"] = gates[e].clone()
+                out[f"experts.{e}.{up_name}.weight"] = ups[e].clone()
+        elif name == "experts.down_proj":
+            out.update({f"experts.{e}.{down_name}.weight": down.clone()
+                        for e, down in enumerate(tensor)})
+        elif family == "qwen2_moe" and name.startswith("shared_experts."):
+            theirs = {ours: theirs for theirs, ours in QWEN2_SHARED.items()}
+            module = "shared_experts.output_gate" if ".output_gate." in name else "shared_experts"
+            out[theirs[module] + name[len(module):]] = tensor
+        else:
+            out[name] = tensor
+    return out

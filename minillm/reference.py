@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .kv_cache import DenseCache, KVCache, SlidingWindowKVCache
+from .mla import LatentKVCache
 from .model import Transformer
 from .sampling import SamplingParams, sample
 
@@ -81,7 +82,10 @@ def check_request(model: Transformer, prompts: list[list[int]], max_new_tokens: 
 
 def make_cache(model: Transformer, batch_size: int, max_len: int, window: int | None = None,
                cache_class: type[DenseCache] = KVCache) -> DenseCache:
-    """A ``cache_class`` cache for ``max_len`` steps, or a sliding-window one for ``window``."""
+    """A ``cache_class`` cache for ``max_len`` steps, or a sliding-window one for ``window``
+    (a multi-head latent attention model: its latent cache)."""
+    if model.config.mla is not None:
+        return LatentKVCache(model.config.num_layers)
     if window is not None:
         return SlidingWindowKVCache(model.config, batch_size, window, model.dtype, model.device)
     return cache_class(model.config, batch_size, max_len, model.dtype, model.device)

@@ -17,12 +17,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .assets import AssetError
-from .config import layer_names
+from .families import layer_names
 
 
 def hf_to_minillm_name(name: str, family: str = "llama") -> str:
     """``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attn.q_proj.weight`` (a
-    block's module names depend on the family: :func:`~minillm.config.layer_names`)."""
+    block's module names depend on the family: :func:`~minillm.families.layer_names`)."""
     name = name.removeprefix("model.")
     match = re.match(r"layers\.(\d+)\.([a-z_]+)\.(.*)", name)
     if match:

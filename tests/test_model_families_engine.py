@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_model_families import PROMPTS, hf_model
+from family_parity import PROMPTS, hf_model
 
 from minillm.checkpoint import load_model, resolve_checkpoint
 from minillm.draft_head.head import DraftHead

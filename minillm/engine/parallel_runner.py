@@ -63,7 +63,7 @@ from ..parallel.launch import (
     under_torchrun,
 )
 from ..parallel.loading import load_rank_model
-from ..parallel.tensor import ParallelLayers, ShardWeight, check_split
+from ..parallel.tensor import ParallelLayers, ShardWeight, check_model_split
 from .errors import EngineDeadError
 from .executors import Executor
 from .executors.batch import FlatBatch
@@ -97,8 +97,7 @@ class TensorParallelRunner(ModelRunner):
                                "the other engine (llm.close()) first")
         checkpoint = str(resolve_checkpoint(checkpoint))
         config = ModelConfig.from_json(f"{checkpoint}/config.json")
-        check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
-                    config.vocab_size, world, shard_attention)
+        check_model_split(config, world, shard_attention, layers)
         self.threads, self.workers = torch.get_num_threads(), []
         if layers is not None:  # the native and compiled steps know only the library's layers
             executor = "eager"

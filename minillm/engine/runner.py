@@ -39,7 +39,8 @@ from ..model import Transformer
 from ..prepare import Plan, prepare_model
 from .executors import Executor, make_executors, resolve_executor
 from .executors.batch import FlatBatch, SequenceWork, SlotMapping, flat_batch
-from .paged_cache import DecodeAttention, PagedKVCache
+from .latent_pool import make_pool
+from .paged_cache import DecodeAttention
 from .sampler import Sampled, Sampler
 from .sequence import Sequence
 from .step import NO_DRAFT, Draft, Step
@@ -89,8 +90,8 @@ class ModelRunner:
         self.keep_hidden = keep_hidden
         self.model = prepare_model(model, Plan(executor=executor))
         self.slot_mapping = slot_mapping
-        self.cache = PagedKVCache(self.model.config, num_blocks, block_size, self.model.dtype,
-                                  self.model.device, decode_attention, kv_cache_dtype)
+        self.cache = make_pool(self.model.config, num_blocks, block_size, self.model.dtype,
+                               self.model.device, decode_attention, kv_cache_dtype)
         self.executors = make_executors(self.model, self.cache, executor)
         self.sampler = sampler or Sampler()
 

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..moe import MoE, run_experts, sort_by_expert
+from ..moe import MoE, combine, run_experts, sort_by_expert
 from .layers import COLLECTIVES, all_reduce
 
 
@@ -75,8 +75,7 @@ class ExpertParallelMoE(nn.Module):
         order, counts = sort_by_expert(expert_ids, self.num_experts)
         token_of = order // expert_ids.shape[1]
         rows = (self.local_part if self.replicated else self.exchange)(flat[token_of], counts)
-        rows = rows * weights.reshape(-1)[order, None].to(rows.dtype)
-        out = torch.zeros_like(flat).index_add_(0, token_of, rows)
+        out = combine(rows, order, weights).to(flat.dtype)
         if self.replicated:
             all_reduce(out)
         if self.shared_experts is not None:

@@ -78,9 +78,13 @@ def load_shard(name_or_path: str | Path, rank: int, world: int, *,
                shard_attention: bool = True, dtype: torch.dtype = torch.float32
                ) -> Transformer:
     """Rank ``rank``'s model of ``world``, equal to ``tensor_parallel(load_model(...))``
-    but reading only its shard of every weight from disk."""
+    but reading only its shard of every weight from disk (a mixture-of-experts model's
+    checkpoint, which holds each expert apart, is loaded whole and then cut)."""
     directory = resolve_checkpoint(name_or_path)
     config = ModelConfig.from_json(directory / "config.json")
+    if config.moe is not None:
+        return tensor_parallel(load_model(directory, dtype=dtype), rank, world,
+                               shard_attention=shard_attention)
     with torch.device("meta"):
         model = tensor_parallel(Transformer(config), rank, world,
                                 shard_attention=shard_attention)

@@ -37,9 +37,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model import Transformer
+from ..moe import MoE
 from ..quant.basic import Quantized
 from ..quant.qlinear import QuantLinear
 from ..transform import copy_modules
+from .experts import expert_parallel
 from .layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 ShardWeight = Callable[[torch.Tensor, int, int, int], torch.Tensor]
@@ -167,7 +169,11 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
     ``shard(weight, dim, rank, world)`` cuts every tensor (pass your own to check it). The
     rank model's ``config`` is the rank's: its query and KV heads (so KV caches are sized
     from them) and its MLP width. ``layers``: build it from these parallel layers instead
-    of the library's (:class:`ParallelLayers`; float ``nn.Linear`` weights)."""
+    of the library's (:class:`ParallelLayers`; float ``nn.Linear`` weights).
+
+    A mixture-of-experts layer becomes its expert-parallel part
+    (:func:`~minillm.parallel.experts.expert_parallel` over the replicated tokens: E/world
+    experts per rank, one all-reduce), the router and shared experts whole on every rank."""
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
     if dist.is_initialized() and world != dist.get_world_size():
@@ -179,8 +185,7 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
         raise ValueError("this model is already a tensor-parallel rank's model; shard the "
                          "whole model")
     config = model.config
-    check_split(config.num_heads, config.num_kv_heads, config.intermediate_size,
-                config.vocab_size, world, shard_attention)
+    check_model_split(config, world, shard_attention, layers)
     heads = config.num_heads // world if shard_attention else config.num_heads
     kv_heads = config.num_kv_heads // world if shard_attention else config.num_kv_heads
     if layers is not None:
@@ -194,7 +199,10 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
         if shard_attention:
             _shard_module(block.attn, rank, world, shard)
             block.attn.num_heads, block.attn.num_kv_heads = heads, kv_heads
-        _shard_module(block.mlp, rank, world, shard)
+        if isinstance(block.mlp, MoE):
+            block.mlp = expert_parallel(block.mlp, rank, world, tokens="replicated")
+        else:
+            _shard_module(block.mlp, rank, world, shard)
     tied = model.lm_head.weight is model.embed_tokens.weight
     ranked.embed_tokens = VocabParallelEmbedding(
         shard(model.embed_tokens.weight.detach(), 0, rank, world), rank)
@@ -204,6 +212,28 @@ def tensor_parallel(model: Transformer, rank: int | None = None, world: int | No
     ranked.config = dataclasses.replace(config, num_heads=heads, num_kv_heads=kv_heads,
                                         intermediate_size=config.intermediate_size // world)
     return ranked
+
+
+def check_model_split(config, world: int, shard_attention: bool = True,
+                      layers: ParallelLayers | None = None) -> None:
+    """:func:`check_split` for a model's config, and refuse, saying what to do, what these
+    shards cannot compute: latent attention, a QK-norm over all heads split by head, a
+    mixture-of-experts model built from dense parallel ``layers``, uneven experts."""
+    dense = len(config.moe_layers or []) < config.num_layers  # else no dense MLP columns
+    check_split(config.num_heads, config.num_kv_heads, config.intermediate_size if dense else 0,
+                config.vocab_size, world, shard_attention)
+    if config.moe is not None and config.moe["num_experts"] % world:
+        raise ValueError(f"{config.moe['num_experts']} experts do not split evenly over "
+                         f"{world} ranks; choose a world size that divides the expert count")
+    if config.mla is not None:
+        raise ValueError(f"tensor parallelism does not split this {config.family} model's "
+                         "multi-head latent attention yet; run it in one process")
+    if config.qk_norm_whole and shard_attention:
+        raise ValueError(f"this {config.family} model's QK-norm spans every head of q and k, "
+                         "which sharded attention splits; pass shard_attention=False")
+    if config.moe is not None and layers is not None:
+        raise ValueError("the parallel layers given build dense blocks; shard this "
+                         "mixture-of-experts model with the library's (layers=None)")
 
 
 def _from_layers(model: Transformer, rank: int, world: int, shard_attention: bool,

@@ -23,7 +23,9 @@ Families (:mod:`minillm.config`): the eager executor runs every one. The native
 executor runs the Llama block only (Llama, SmolLM, Mistral without a window); the compiled
 one runs the model's own modules, so every family without sliding-window layers (Qwen2,
 Qwen3; not Mistral's window nor Gemma 3's local layers, which its attention op cannot
-mask). ``auto`` falls back to what the model allows, eager for Gemma 3.
+mask), nor the mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, OLMoE, Mixtral), whose
+grouped expert dispatch has routing-dependent shapes. ``auto`` falls back to what the model
+allows: eager for Gemma 3 and the MoE families.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ COMPILED_LAYERS = (torch.nn.Linear, MatVecLinear, WeightOnlyLinear, Int8Activati
 
 def compile_problem(model: Transformer) -> str | None:
     """Why ``model``'s decode steps cannot be compiled here, or None."""
+    if model.config.moe is not None:
+        return ("its mixture-of-experts layers group the tokens by expert, in shapes the "
+                "routing decides at run time; the compiled graphs take fixed ones")
     if model.config.has_windows():
         return ("its decode attention (minillm::paged_decode_attention) has no sliding "
                 f"window, which this {model.config.family} model's layers need")
