@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minillm.draft_head.features import target_logits
+from minillm.draft_head import features as target_features
 from minillm.draft_head.head import DraftHead
 from minillm.draft_head.train import CLIP_NORM, Batch
 from minillm.model import Transformer

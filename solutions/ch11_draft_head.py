@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minillm.draft_head.features import target_logits
+from minillm.draft_head import features as target_features
 from minillm.draft_head.head import DraftHead
 from minillm.draft_head.train import CLIP_NORM, Batch
 from minillm.model import Transformer
@@ -88,7 +88,7 @@ def train_step(head: DraftHead, target: Transformer, batch: Batch,
     ### BEGIN SOLUTION
     embeddings = target.embed_tokens(batch.tokens).float().detach()
     with torch.no_grad():
-        teacher = target_logits(target, batch.features[:, 1:])
+        teacher = target_features.target_logits(target, batch.features[:, 1:])
     length = batch.tokens.shape[1]
     features, keys, values, losses = batch.features[:, :-1], [], [], []
     for step in range(1, depth + 1):
