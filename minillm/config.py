@@ -112,6 +112,13 @@ class ModelConfig:
     def has_windows(self) -> bool:
         return any(kind.window is not None for kind in self.attention_kinds())
 
+    def release_window(self) -> int | None:
+        """How far behind the newest token a key may still be read by some layer: the widest
+        layer window, or None if any layer attends to everything. The paged engine gives
+        back the blocks behind it."""
+        windows = [kind.window for kind in self.attention_kinds()]
+        return None if None in windows else max(windows)
+
     def differences_from_llama(self) -> list[str]:
         """What this model computes that a Llama block (with or without its optional biases)
         does not, in words; empty for Llama. Executors and transformations written for the

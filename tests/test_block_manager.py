@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minillm.engine.block_manager import BlockManager, OutOfBlocks, chain_hash
+from minillm.engine.block_manager import RELEASED, BlockManager, OutOfBlocks, chain_hash
 from minillm.engine.sequence import Sequence
 
 
@@ -113,6 +113,59 @@ def test_running_out_of_blocks_is_an_error_not_a_corruption():
     assert manager.num_free == 2 and seq.block_table == []
 
 
+def test_blocks_behind_a_window_are_released_and_stay_cached():
+    """Blocks of 4, 13 tokens computed: the next query (position 13) sees positions 4..13
+    with a window of 10 (block 0 goes), 9..13 with a window of 5 (block 1, 4..7, goes too;
+    block 2, 8..11, stays)."""
+    manager = BlockManager(num_blocks=8, block_size=4)
+    seq = Sequence(prompt=list(range(13)))
+    manager.start(seq)
+    compute(manager, seq, 13)
+    first, second = seq.block_table[:2]
+    assert manager.release_behind_window(seq, window=11) == []  # sees 3..13
+    assert manager.release_behind_window(seq, window=10) == [first]
+    assert manager.release_behind_window(seq, window=5) == [second]
+    assert manager.release_behind_window(seq, window=5) == []  # nothing twice
+    assert seq.block_table[:2] == [RELEASED, RELEASED] and manager.num_free == 6
+    assert list(manager.free_blocks)[-2:] == [first, second]  # evicted last
+    again = Sequence(prompt=list(range(13)))  # the released prefix is still a cache hit
+    assert manager.start(again) == 12
+    manager.free(seq)
+    manager.free(again)
+    assert manager.num_free == 8
+
+
+def test_a_shared_block_behind_the_window_loses_one_holder():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    parent, child = Sequence(prompt=list(range(9))), Sequence(prompt=list(range(9)))
+    manager.start(parent)
+    compute(manager, parent, 9)
+    manager.fork(parent, child)
+    shared = parent.block_table[0]
+    assert manager.release_behind_window(parent, window=6) == [shared]  # sees 4..9
+    assert manager.blocks[shared].ref_count == 1 and shared not in manager.free_blocks
+    manager.fork(parent, grandchild := Sequence(prompt=list(range(9))))  # released: not taken
+    assert grandchild.block_table[0] == RELEASED and manager.blocks[shared].ref_count == 1
+    for seq in (parent, child, grandchild):
+        manager.free(seq)
+    assert manager.num_free == 8
+
+
+def test_blocks_named_after_a_released_block_chain_from_its_tokens():
+    """The block after the last released one is sealed with the same name as if nothing had
+    been released."""
+    manager = BlockManager(num_blocks=8, block_size=4)
+    seq = Sequence(prompt=list(range(11)))
+    manager.start(seq)
+    compute(manager, seq, 11)
+    manager.release_behind_window(seq, window=2)  # sees 10, 11: blocks 0 and 1 go
+    seq.output.append(99)
+    compute(manager, seq, 1)
+    expected = chain_hash(chain_hash(chain_hash(None, (0, 1, 2, 3)), (4, 5, 6, 7)),
+                          (8, 9, 10, 99))
+    assert manager.blocks[seq.block_table[2]].hash == expected
+
+
 class BlockManagerMachine(RuleBasedStateMachine):
     """Random allocate/append/fork/free/evict sequences; the accounting must always hold."""
 
@@ -151,6 +204,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.running.append(child)
 
     @precondition(lambda self: self.running)
+    @rule(index=st.integers(0, 100), window=st.integers(1, 7))
+    def release(self, index, window):
+        seq = self.running[index % len(self.running)]
+        table = list(seq.block_table)
+        released = self.manager.release_behind_window(seq, window)
+        entries = [i for i, b in enumerate(table) if b != RELEASED and b in released]
+        assert [table[i] for i in entries] == released  # in table order
+        visible = max(seq.num_computed - window + 1, 0)  # the next query's first key
+        assert all((i + 1) * 3 <= visible for i in entries)  # wholly out of its view
+        assert all(seq.block_table[i] == RELEASED for i in entries)
+        assert set(seq.block_table[:visible // 3]) <= {RELEASED}  # all of those went
+
+    @precondition(lambda self: self.running)
     @rule(index=st.integers(0, 100))
     def free(self, index):
         self.manager.free(self.running.pop(index % len(self.running)))
@@ -163,8 +229,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def ref_counts_are_the_number_of_holders(self):
-        holders = Counter(b for seq in self.running for b in seq.block_table)
+        holders = Counter(b for seq in self.running for b in seq.block_table if b != RELEASED)
         assert all(block.ref_count == holders[block.id] for block in self.manager.blocks)
+
+    @invariant()
+    def held_blocks_are_named_by_their_whole_prefix(self):
+        size = self.manager.block_size
+        for seq in self.running:
+            parent = None
+            for i, block_id in enumerate(seq.block_table):
+                if (i + 1) * size > seq.num_computed:
+                    break
+                parent = chain_hash(parent, tuple(seq.tokens[i * size:(i + 1) * size]))
+                if block_id != RELEASED:
+                    assert self.manager.blocks[block_id].hash == parent
 
     @invariant()
     def cached_blocks_hold_what_their_name_says(self):

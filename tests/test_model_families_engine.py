@@ -1,6 +1,6 @@
 """The engine's other parts with the new families: which executors run them (the rest refuse
-with the reason, and ``auto`` falls back), an int8 KV cache under sliding windows, what
-refuses windows (int4 KV, the learner's decode attention), the draft head, W8A8 weights,
+with the reason, and ``auto`` falls back), an int8 KV cache under sliding windows, blocks
+released behind a window, what refuses windows (int4 KV, the learner's decode attention), the draft head, W8A8 weights,
 and tensor parallelism over 2 ranks equal to one process."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from family_parity import PROMPTS, hf_model
 
 from minillm.checkpoint import load_model, resolve_checkpoint
 from minillm.draft_head.head import DraftHead
+from minillm.engine import EngineConfig, EngineCore, RequestRejected
 from minillm.engine.executors import auto_executor, resolve_executor
 from minillm.kv_cache import SlidingWindowKVCache
 from minillm.model import Transformer
@@ -93,6 +94,32 @@ def test_w8a8_models_run_in_the_engine(checkpoints, family):
                                                QuantScheme(8, symmetric=True, group_size=None)))
     expected = [generate(model, p, 10, PARAMS)[0] for p in PROMPTS]
     assert tokens(LLM(model, block_size=4, num_blocks=64, executor="eager")) == expected
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "int8"])
+def test_a_windowed_model_generates_past_its_pool_releasing_blocks(checkpoints, kv_cache_dtype):
+    """Mistral's every layer sees the last 8 tokens, so blocks behind them go back to the
+    pool: two requests of 80 tokens (20 blocks each) run together in 12 blocks, preempting
+    as they must, and give the dense loop's tokens (Gemma's global layers keep every
+    block: its requests still need all theirs)."""
+    model = load_model(checkpoints["mistral"])
+    params = SamplingParams(max_tokens=60)
+    prompts = [PROMPTS[2], PROMPTS[0] + PROMPTS[2]]
+    llm = LLM(model, block_size=4, num_blocks=12, executor="eager",
+              kv_cache_dtype=kv_cache_dtype,
+              scheduler=SchedulerConfig(max_batch=2, max_tokens_per_step=8))
+    out = [o.tokens for o in llm.generate(prompts, params, progress=False)]
+    if kv_cache_dtype == "float32":
+        assert out == [generate(model, p, 60, params)[0] for p in prompts]
+    else:
+        assert out == [o.tokens for o in LLM(model, block_size=4, num_blocks=64,
+                                             executor="eager", kv_cache_dtype="int8")
+                       .generate(prompts, params, progress=False)]
+    assert llm.free_blocks() == 12
+    gemma = EngineCore(load_model(checkpoints["gemma3_text"]),
+                       EngineConfig(block_size=4, num_blocks=12, executor="eager"))
+    with pytest.raises(RequestRejected, match="needs 20 KV blocks but the pool has 12"):
+        gemma.add(0, prompts[0], params)
 
 
 def test_what_cannot_mask_a_window_refuses_it(checkpoints):

@@ -23,6 +23,14 @@ Two rules keep prefix caching exact:
   must compute at least that token, whose logits give the next output token;
 * only blocks whose tokens are all computed (verified) are hashed and shared: a block
   holding speculative tokens may still change.
+
+A model whose every layer attends to a sliding window of ``w`` tokens (Mistral) never
+reads a key more than ``w`` positions behind the newest query again, so the scheduler gives
+those blocks back as the sequence moves on (:meth:`BlockManager.release_behind_window`):
+each leaves the block table as :data:`RELEASED`, keeping the table's indices (token t
+stays in entry ``t // block_size``), and a sequence holds about ``w / block_size`` blocks
+however long it grows. One global layer (Gemma 3) reads every key, so under one block
+table nothing is released.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .sequence import Sequence
+
+
+RELEASED = -1  # a block-table entry given back: behind the window of every layer
 
 
 class OutOfBlocks(RuntimeError):
@@ -192,11 +203,13 @@ class BlockManager:
             return
         verified = seq.num_computed if verified_tokens is None else verified_tokens
         full = min(verified, seq.num_tokens) // self.block_size
-        done = 0  # leading blocks already named (cache hits, or sealed by earlier steps)
-        while done < full and self.blocks[seq.block_table[done]].hash is not None:
+        done = 0  # leading blocks already named (cache hits, sealed by earlier steps,
+        # or released: those were sealed first)
+        while done < full and (seq.block_table[done] == RELEASED
+                               or self.blocks[seq.block_table[done]].hash is not None):
             done += 1
-        parent = self.blocks[seq.block_table[done - 1]].hash if done else None
         tokens = seq.tokens
+        parent = self._chain_hash_of(seq, done) if done < full else None
         for i in range(done, full):
             block = self.blocks[seq.block_table[i]]
             ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
@@ -204,12 +217,54 @@ class BlockManager:
             self.cached.setdefault(block.hash, block.id)
             parent = block.hash
 
+    def _chain_hash_of(self, seq: Sequence, count: int) -> int | None:
+        """The chain hash naming ``seq``'s first ``count`` blocks (rehashed from its tokens
+        when the last of them was released)."""
+        if count == 0:
+            return None
+        if seq.block_table[count - 1] != RELEASED:
+            return self.blocks[seq.block_table[count - 1]].hash
+        parent, size = None, self.block_size
+        for i in range(count):
+            parent = chain_hash(parent, tuple(seq.tokens[i * size:(i + 1) * size]))
+        return parent
+
+    def release_behind_window(self, seq: Sequence, window: int) -> list[int]:
+        """Give back the blocks of ``seq`` that no query can see again, every layer attending
+        to the last ``window`` tokens (itself included): those whose every token lies
+        ``window`` or more positions behind the next token to compute. Returns the block ids released.
+
+        The sequence's table keeps :data:`RELEASED` in their place. A block shared with
+        another sequence loses one holder; one nobody holds goes to the free list with its
+        prefix-cache name (another prompt may still start from it). Only computed
+        (verified) tokens count, so a rejected guess never brings a released key back in
+        view."""
+        first_seen = seq.num_computed - window + 1  # by the next query, at num_computed
+        behind = max(first_seen, 0) // self.block_size  # blocks wholly before it
+        released = []
+        for i in reversed(range(min(behind, len(seq.block_table)))):
+            block_id = seq.block_table[i]
+            if block_id == RELEASED:
+                break  # the ones before it went earlier
+            self._drop(block_id)
+            seq.block_table[i] = RELEASED
+            released.append(block_id)
+        return released[::-1]
+
+    def _drop(self, block_id: int) -> None:
+        """One holder fewer; a block nobody holds goes to the end of the free list."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_blocks[block_id] = None
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (copy-on-write on the first write)."""
         if child.block_table:
             raise ValueError(f"sequence {child.id} already holds blocks")
         for block_id in parent.block_table:
-            self.blocks[block_id].ref_count += 1
+            if block_id != RELEASED:
+                self.blocks[block_id].ref_count += 1
         child.block_table = list(parent.block_table)
         child.num_computed = parent.num_computed
 
@@ -217,8 +272,6 @@ class BlockManager:
         """Release ``seq``'s blocks; a block nobody holds goes to the end of the free list,
         keeping its cached contents until the pool needs the block."""
         for block_id in reversed(seq.block_table):  # the prompt's first blocks are evicted last
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_blocks[block_id] = None
+            if block_id != RELEASED:
+                self._drop(block_id)
         seq.block_table = []

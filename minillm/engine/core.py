@@ -67,7 +67,8 @@ class EngineCore:
         self.runner = self._runner(model, tokenizer)
         self.model = self.runner.model
         self.proposer = self._proposer()
-        self.scheduler = Scheduler(config.scheduler, self.blocks, self.proposer)
+        self.scheduler = Scheduler(config.scheduler, self.blocks, self.proposer,
+                                   window=self.model.config.release_window())
         self.requests: dict[int, Sequence] = {}  # request id -> its first sample
         self.on_step = on_step
         self.dead: str | None = None  # why the engine stopped, once it has
@@ -148,7 +149,7 @@ class EngineCore:
     def _rejection(self, seq: Sequence) -> str | None:
         """Why ``seq`` cannot be served, or None."""
         context, vocab = self.model.config.max_position_embeddings, self.model.config.vocab_size
-        needed = self.blocks.blocks_for(seq.num_prompt_tokens + seq.max_tokens)
+        needed = self._blocks_held_at_most(seq)
         max_batch = self.scheduler.config.max_batch
         if seq.num_seats > max_batch:
             return (f"n={seq.num_seats} samples do not fit in a batch of {max_batch} "
@@ -169,6 +170,19 @@ class EngineCore:
             return (f"the request needs {needed} KV blocks but the pool has "
                     f"{self.blocks.num_blocks}; lower max_tokens or give the engine more blocks")
         return None
+
+    def _blocks_held_at_most(self, seq: Sequence) -> int:
+        """The most blocks ``seq`` holds at once: those of all its tokens, or, when every
+        layer has a sliding window, those of the window and one step's new tokens (and the
+        partly visible block)."""
+        every_token = self.blocks.blocks_for(seq.num_prompt_tokens + seq.max_tokens)
+        window, config = self.scheduler.window, self.scheduler.config
+        if window is None:
+            return every_token
+        step = config.max_tokens_per_step
+        if not config.chunked_prefill:  # a prompt is computed in one step
+            step = max(step, seq.num_prompt_tokens)
+        return min(every_token, self.blocks.blocks_for(window + step) + 1)
 
     def abort(self, request_id: int, index: int | None = None) -> None:
         """Cancel a request's samples (all of them, or sample ``index``); their blocks are

@@ -27,7 +27,7 @@ class RunningView:
     """A running request, as the policy sees it: the tokens it still has to compute
     (``uncomputed``: 1 for a decode), the tokens whose keys and values it holds
     (``computed``) of its ``num_tokens``, its KV ``blocks`` (ids; a block may be shared
-    with another request) and how many of its first blocks are named in the prefix cache
+    with another request; -1: released, behind a sliding window) and how many of its first blocks are named in the prefix cache
     (``cached_blocks``: a restart would find them)."""
 
     uncomputed: int
@@ -68,7 +68,8 @@ class SchedulerState:
         held: dict[int, int] = {}
         for i in set(gone):
             for block in self.running[i].blocks:
-                held[block] = held.get(block, 0) + 1
+                if block >= 0:  # not released (behind a sliding window)
+                    held[block] = held.get(block, 0) + 1
         return self.free_blocks + sum(n == self.ref_counts.get(b, 1) for b, n in held.items())
 
     def blocks_needed(self, i: int, tokens: int, gone: Collection[int] = ()) -> int:

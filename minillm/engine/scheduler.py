@@ -37,7 +37,10 @@ cache.
 After the step, :meth:`Scheduler.apply` is the one place where sequences change: it
 counts the computed tokens, appends the accepted guesses and the sampled token, forks a
 request's other samples, names full blocks in the prefix cache, releases finished
-sequences, and returns each sample's :class:`~.deltas.RequestDelta`.
+sequences, and returns each sample's :class:`~.deltas.RequestDelta`. For a model whose
+every layer has a sliding window (``window``), it also gives back each sequence's blocks
+that fell wholly behind the window
+(:meth:`~.block_manager.BlockManager.release_behind_window`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..speculative import lookup_ngram
-from .block_manager import BlockManager
+from .block_manager import RELEASED, BlockManager
 from .deltas import RequestDelta
 from .policies import (
     RunningView,
@@ -89,9 +92,12 @@ class SchedulerConfig:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager,
-                 proposer: Proposer | None = None):
-        """``proposer``: who guesses for speculating decodes (None: no speculation)."""
+                 proposer: Proposer | None = None, window: int | None = None):
+        """``proposer``: who guesses for speculating decodes (None: no speculation).
+        ``window``: the widest sliding window of the model's layers, None if any layer
+        attends to everything (then no block is released before its sequence ends)."""
         self.config, self.blocks, self.proposer = config, blocks, proposer
+        self.window = window
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -160,11 +166,12 @@ class Scheduler:
     def state(self, running: list[Sequence], waiting: list[Sequence]) -> SchedulerState:
         """The read-only view a step policy decides from."""
         blocks, size = self.blocks, self.blocks.block_size
-        held = {b for seq in running for b in seq.block_table}
+        held = {b for seq in running for b in seq.block_table if b != RELEASED}
 
         def cached(seq: Sequence) -> int:  # its first blocks named in the prefix cache
-            return next((i for i, b in enumerate(seq.block_table)
-                         if blocks.blocks[b].hash is None), len(seq.block_table))
+            return next((i for i, b in enumerate(seq.block_table)  # (released ones were)
+                         if b != RELEASED and blocks.blocks[b].hash is None),
+                        len(seq.block_table))
 
         def joining(seq: Sequence) -> WaitingView:
             hits = blocks.cached_prefix_blocks(seq)
@@ -289,7 +296,7 @@ class Scheduler:
             forks = [s for s in seq.unforked_samples if s.id in sampled] if seq.samples else []
             if result is None:  # a prefill chunk short of its prompt's end
                 seq.num_computed += n
-                self.blocks.commit(seq)  # its full blocks may serve other prompts now
+                self._computed(seq)
                 continue
             if result.error is not None:  # it cannot go on: it fails, the others do not
                 for failed in (seq, *forks):
@@ -300,7 +307,7 @@ class Scheduler:
             seq.num_computed += n + accepted  # rejected guesses do not count
             appended = self._append(seq, result.tokens)
             seq.num_computed = min(seq.num_computed, seq.num_tokens)
-            self.blocks.commit(seq)
+            self._computed(seq)
             deltas.append(_delta(seq, result, appended, len(draft.tokens), accepted, now))
             for sample in forks:
                 self._fork(seq, sample)
@@ -310,6 +317,13 @@ class Scheduler:
             done += [s for s in (seq, *forks) if s.finished]
         self._release(done)
         return deltas
+
+    def _computed(self, seq: Sequence) -> None:
+        """After ``seq``'s computed tokens moved on: name its full blocks in the prefix cache
+        (they may serve other prompts now), then give back those behind the window."""
+        self.blocks.commit(seq)
+        if self.window is not None:
+            self.blocks.release_behind_window(seq, self.window)
 
     @staticmethod
     def _append(seq: Sequence, tokens: list[int]) -> int:

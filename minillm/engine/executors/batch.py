@@ -52,7 +52,8 @@ def flat_batch(work: list[SequenceWork], copies: list[tuple[int, int]], block_si
         context_lens=torch.tensor([item.start + len(item.tokens) for item in work],
                                   device=device),
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        block_tables=torch.tensor([item.block_table + [0] * (width - len(item.block_table))
+        block_tables=torch.tensor([[max(b, 0) for b in item.block_table]  # released: 0
+                                   + [0] * (width - len(item.block_table))
                                    for item in work], dtype=torch.long, device=device))
     return FlatBatch(copies, torch.tensor(tokens, device=device),
                      torch.tensor(positions, device=device),
