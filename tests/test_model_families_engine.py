@@ -122,6 +122,23 @@ def test_a_windowed_model_generates_past_its_pool_releasing_blocks(checkpoints, 
         gemma.add(0, prompts[0], params)
 
 
+def test_a_cached_prefix_longer_than_the_pool_is_reused_behind_the_window(checkpoints):
+    """The first request leaves all 16 blocks of the pool naming its prompt; the second
+    starts from them (those behind the window go straight back) instead of waiting for
+    room that never comes."""
+    model = load_model(checkpoints["mistral"])
+    prompt = list(range(20, 84))  # 16 blocks of 4
+    params = SamplingParams(max_tokens=1)
+    reports = []
+    llm = LLM(model, block_size=4, num_blocks=16, executor="eager", on_step=reports.append,
+              scheduler=SchedulerConfig(max_batch=1, max_tokens_per_step=8))
+    longer = prompt + [5, 6, 7, 8, 9]
+    outputs = llm.generate([prompt, longer], params, progress=False)
+    assert [o.tokens for o in outputs] == [generate(model, p, 1, params)[0]
+                                           for p in (prompt, longer)]
+    assert [w.start for r in reports for w in r.work][-1] == 64  # the second: a hit of 64
+
+
 def test_what_cannot_mask_a_window_refuses_it(checkpoints):
     model = load_model(checkpoints["gemma3_text"])
     with pytest.raises(ValueError, match="sliding-window layers.*int4 KV cache"):

@@ -229,6 +229,12 @@ class BlockManager:
             parent = chain_hash(parent, tuple(seq.tokens[i * size:(i + 1) * size]))
         return parent
 
+    def blocks_behind_window(self, num_computed: int, window: int) -> int:
+        """How many leading blocks of a sequence with ``num_computed`` tokens computed lie
+        wholly before the first key its next query (at position ``num_computed``) sees."""
+        first_seen = num_computed - window + 1
+        return max(first_seen, 0) // self.block_size
+
     def release_behind_window(self, seq: Sequence, window: int) -> list[int]:
         """Give back the blocks of ``seq`` that no query can see again, every layer attending
         to the last ``window`` tokens (itself included): those whose every token lies
@@ -239,8 +245,7 @@ class BlockManager:
         prefix-cache name (another prompt may still start from it). Only computed
         (verified) tokens count, so a rejected guess never brings a released key back in
         view."""
-        first_seen = seq.num_computed - window + 1  # by the next query, at num_computed
-        behind = max(first_seen, 0) // self.block_size  # blocks wholly before it
+        behind = self.blocks_behind_window(seq.num_computed, window)
         released = []
         for i in reversed(range(min(behind, len(seq.block_table)))):
             block_id = seq.block_table[i]

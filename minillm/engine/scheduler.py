@@ -173,10 +173,12 @@ class Scheduler:
                          if b != RELEASED and blocks.blocks[b].hash is None),
                         len(seq.block_table))
 
-        def joining(seq: Sequence) -> WaitingView:
+        def joining(seq: Sequence) -> WaitingView:  # hits behind a window go back at once
             hits = blocks.cached_prefix_blocks(seq)
+            kept = hits if self.window is None else \
+                hits[blocks.blocks_behind_window(size * len(hits), self.window):]
             return WaitingView(seq.num_tokens - size * len(hits),
-                               sum(block.ref_count == 0 for block in hits))
+                               sum(block.ref_count == 0 for block in kept))
 
         return SchedulerState(
             tuple(RunningView(seq.num_uncomputed, seq.num_computed, seq.num_tokens,
@@ -256,6 +258,8 @@ class Scheduler:
         """Move the first waiting request to the running ones with ``n`` tokens to compute
         this step (after its cached prefix blocks), if the pool has the blocks."""
         self.blocks.start(seq)  # cached prefix blocks, if any
+        if self.window is not None:  # those behind the window are not needed
+            self.blocks.release_behind_window(seq, self.window)
         if not self.blocks.can_reserve(seq, n):
             self.blocks.free(seq)  # give the cached blocks back; try again next step
             seq.num_computed = 0
