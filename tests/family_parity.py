@@ -61,15 +61,16 @@ PROMPTS = [[5, 17, 99, 3, 42, 7, 8, 11, 60, 2, 71, 33], [1, 2], list(range(30, 5
 MAX_TOKENS = 12
 
 
-def hf_model(family: str, seed: int = 0):
+def hf_model(family: str, seed: int = 0, **overrides):
     """transformers' own model of ``family``, randomly initialised in float32, its weights
     (norms and biases too) perturbed so that a wrong mapping shows and greedy tokens vary
-    (small embeddings: Gemma's, times sqrt(hidden), would otherwise repeat the last token)."""
+    (small embeddings: Gemma's, times sqrt(hidden), would otherwise repeat the last token);
+    ``overrides`` change config fields."""
     import transformers
 
     config_class, model_class, extra = FAMILIES[family]
     torch.manual_seed(seed)
-    config = getattr(transformers, config_class)(**{**SHAPE, **extra})
+    config = getattr(transformers, config_class)(**{**SHAPE, **extra, **overrides})
     model = getattr(transformers, model_class)(config).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():

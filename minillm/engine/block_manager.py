@@ -44,6 +44,13 @@ from .sequence import Sequence
 RELEASED = -1  # a block-table entry given back: behind the window of every layer
 
 
+def released_tokens(block_table: list[int], block_size: int) -> int:
+    """How many leading tokens of a block table are in released blocks: nothing may be
+    written there again."""
+    released = next((i for i, b in enumerate(block_table) if b != RELEASED), len(block_table))
+    return released * block_size
+
+
 class OutOfBlocks(RuntimeError):
     """The pool has no free block left (the scheduler should have checked first)."""
 

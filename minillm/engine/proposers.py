@@ -39,6 +39,7 @@ import torch
 from ..attention.paged import slot_mapping
 from ..model import Transformer
 from ..speculative import probabilities
+from .block_manager import released_tokens
 from .executors.batch import SequenceWork, SlotMapping, flat_batch
 from .runner import ModelRunner
 from .sequence import Sequence
@@ -88,8 +89,9 @@ class DraftModelProposer:
             return {}
         self.runner.cache.copy_blocks(step.copies)
         feeds = {}  # sequence id -> (tokens to feed the draft, the first one's position)
-        for seq in seqs:
-            known = min(self.known.get(seq.id, 0), seq.num_computed)
+        for seq in seqs:  # (never into blocks released behind a sliding window)
+            known = max(min(self.known.get(seq.id, 0), seq.num_computed),
+                        released_tokens(seq.block_table, self.runner.cache.block_size))
             feeds[seq.id] = (seq.tokens[known:], known)
         guesses: dict[int, list[int]] = {seq.id: [] for seq in seqs}
         dists: dict[int, list[torch.Tensor]] = {seq.id: [] for seq in seqs}
