@@ -1,7 +1,7 @@
 """The engine's other parts with the new families: which executors run them (the rest refuse
 with the reason, and ``auto`` falls back), an int8 KV cache under sliding windows, blocks
-released behind a window, what refuses windows (int4 KV, the learner's decode attention), the draft head, W8A8 weights,
-and tensor parallelism over 2 ranks equal to one process."""
+released behind a window, what refuses windows (int4 KV, the learner's decode attention),
+the draft head, W8A8 weights, and tensor parallelism over 2 ranks equal to one process."""
 
 from __future__ import annotations
 

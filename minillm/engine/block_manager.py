@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 from .sequence import Sequence
 
-
 RELEASED = -1  # a block-table entry given back: behind the window of every layer
 
 
@@ -245,7 +244,8 @@ class BlockManager:
     def release_behind_window(self, seq: Sequence, window: int) -> list[int]:
         """Give back the blocks of ``seq`` that no query can see again, every layer attending
         to the last ``window`` tokens (itself included): those whose every token lies
-        ``window`` or more positions behind the next token to compute. Returns the block ids released.
+        ``window`` or more positions behind the next token to compute. Returns the ids of
+        the blocks released.
 
         The sequence's table keeps :data:`RELEASED` in their place. A block shared with
         another sequence loses one holder; one nobody holds goes to the free list with its

@@ -27,8 +27,9 @@ class RunningView:
     """A running request, as the policy sees it: the tokens it still has to compute
     (``uncomputed``: 1 for a decode), the tokens whose keys and values it holds
     (``computed``) of its ``num_tokens``, its KV ``blocks`` (ids; a block may be shared
-    with another request; -1: released, behind a sliding window) and how many of its first blocks are named in the prefix cache
-    (``cached_blocks``: a restart would find them)."""
+    with another request; -1: released, behind a sliding window) and how many of its
+    first blocks are named in the prefix cache (``cached_blocks``: a restart would find
+    them)."""
 
     uncomputed: int
     computed: int
