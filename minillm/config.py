@@ -46,7 +46,7 @@ from pathlib import Path
 from .families import FULL, SLIDING, family_fields, family_hf_fields, global_rope_parameters
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass

@@ -53,10 +53,11 @@ class LatentShape:
                    q_lora_rank=hf.get("q_lora_rank"),
                    rope_interleave=hf.get("rope_interleave", True))
 
-    def softmax_scale(self, hf: dict) -> float:
-        """1/sqrt(qk_head_dim), times YaRN's mscale^2 when the config stretches the context
-        (DeepSeek-V3: 0.1 ln(factor) mscale_all_dim + 1, Peng et al. 2023, eq. 22)."""
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    def softmax_scale(self, rope_scaling: dict | None) -> float:
+        """1/sqrt(qk_head_dim), times YaRN's mscale^2 when ``rope_scaling`` (a config's
+        rope parameters) stretches the context (DeepSeek-V3: 0.1 ln(factor) mscale_all_dim
+        + 1, Peng et al. 2023, eq. 22)."""
+        rope = rope_scaling or {}
         scale = self.qk_head_dim ** -0.5
         if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("mscale_all_dim") \
                 and rope["factor"] > 1:

@@ -144,7 +144,8 @@ class LatentAttentionLayer(LatentAttention):
     stores its latents and attends: ``cache.attend_latent(self, x, cos, sin, mask)``."""
 
     def __init__(self, config: ModelConfig, layer_index: int):
-        super().__init__(config.hidden_size, LatentShape(config.num_heads, **config.mla),
+        shape = LatentShape(config.num_heads, **config.mla)
+        super().__init__(config.hidden_size, shape, shape.softmax_scale(config.rope_scaling),
                          bias=config.attention_bias, eps=config.rms_norm_eps)
         self.layer_index = layer_index
 

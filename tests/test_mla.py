@@ -101,6 +101,6 @@ def test_softmax_scale_follows_yarn_like_hugging_face():
           "rope_parameters": {"rope_type": "yarn", "factor": 40.0, "mscale_all_dim": 1.0,
                               "rope_theta": 10000.0}}
     shape = LatentShape.from_hf(hf)
-    assert shape.softmax_scale(hf) == pytest.approx(
+    assert shape.softmax_scale(hf["rope_parameters"]) == pytest.approx(
         hf_ds.yarn_apply_mscale(hf["rope_parameters"], 14 ** -0.5))
-    assert shape.softmax_scale({}) == pytest.approx(14 ** -0.5)
+    assert shape.softmax_scale(None) == pytest.approx(14 ** -0.5)
