@@ -17,9 +17,9 @@ from family_parity import PROMPTS, hf_model
 from minillm.checkpoint import load_model
 from minillm.engine.executors import auto_executor
 from minillm.engine.executors.native import NativeExecutor, native_problem
-from minillm.native import native_kernels
 from minillm.experiments.decode import QUANTIZED, quantized_reference
 from minillm.model import Transformer
+from minillm.native import native_kernels
 from minillm.quant.int8_activations import Int8ActivationLinear, to_int8_activations
 from minillm.reference import generate
 from minillm.sampling import SamplingParams

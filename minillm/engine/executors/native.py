@@ -4,15 +4,25 @@ A decode step of a small model is short: SmolLM2's W8A8 products stream 135 MB i
 on the course's 2-core machines. Compiled by ``torch.compile``, the step is ~330 kernels
 and op calls whose launches take ~3 ms of it; llama.cpp avoids that by running the whole
 step in C++, and so does this executor (``csrc/decode_layers.cpp``): the embedding lookup
-in PyTorch, then one call that runs every block for all of the step's sequences (each
-weight read once for the whole batch; attention through each sequence's block table, and
-the new keys and values written at their slots) and, when the head has a C++ product
-too, the final norm and the logits.
+in PyTorch (scaled, for Gemma), then one call that runs every block for all of the step's
+sequences (each weight read once for the whole batch; attention through each sequence's
+block table, and the new keys and values written at their slots) and, when the head has
+a C++ product too, the final norm and the logits.
 
 A speculative verification (the newest token and a few guesses per sequence) runs here
 too: each token becomes a row of its own, with its sequence's block table and a context
 that ends at it. Every row's keys and values are written before any row attends, so each
 guess sees the ones before it: the causal attention of a short chunk, as decodes.
+
+Families: the dense blocks of Llama, Qwen2, Qwen3, Mistral and Gemma 3. What a family
+adds to Llama's block is a per-block switch on the C++ side (``csrc/block_options.h``),
+filled here from the model's modules: q/k/v biases, QK-norm, Gemma's norms on the outputs
+of attention and the MLP (every Gemma norm passed as its effective weight ``1 + w``),
+GeGLU, the query scale of ``query_pre_attn_scalar``, and per layer its sliding window and
+RoPE table (:meth:`~minillm.config.ModelConfig.attention_kinds`). A windowed layer never
+reads the keys behind its window, so the blocks the engine gives back there (their table
+entries sent as block 0) are never read. Mixture-of-experts layers, latent attention and
+OLMoE's whole-projection QK-norm are refused (:func:`native_problem`).
 
 Products: float32 ``nn.Linear`` (``csrc/fp32_product.h``), per-channel int8 weights with
 int8 activations (W8A8) and grouped int4 weights with int8 activations (W4A8); a model may
@@ -22,7 +32,8 @@ into Python after o_proj and down_proj for the reduction their
 vocabulary-parallel embedding and head stay in PyTorch.
 
 The numbers are float32 like the eager model's, summed in another order: logits agree to
-~1e-5 relative (``tests/test_executors.py``); with int8 activations, as far as rounding a
+~1e-5 relative (``tests/test_executors.py``, ``tests/test_native_families.py``); with
+int8 activations, as far as rounding a
 vector to int8 can move them. An int8 KV cache (:mod:`minillm.attention.kv_quant`) is
 written and read here too: the C++ step rounds each new head as the eager path does and
 dequantizes on the fly.
