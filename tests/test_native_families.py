@@ -1,10 +1,12 @@
 """The native decode step on the dense families (Qwen2's biases, Qwen3's QK-norm, Mistral's
 window, Gemma 3's norms, GeGLU, query scale and local/global layers), on tiny random models
-built with transformers' own classes (window 8, blocks of 4, so windows cross blocks): over
-decode runs past the window its log-probabilities equal the eager executor's and its greedy
-tokens plain greedy decoding's; batched equals alone; W8A8 (Gemma's tied int8 head in C++
-too) and W4A8 equal the eager step over the same weights; an int8 KV pool, speculative
-verification and blocks released behind the window too."""
+built with transformers' own classes (window 8, blocks of 4, so windows cross blocks). At
+every native step of a run past the window, the eager step from the same pool gives the
+same logits (float32 rounding; with int8 activations or KV, a rare step where rounding
+lands on the next code), and the greedy tokens are plain greedy decoding's; batched equals
+alone; W8A8 (Gemma's tied int8 head in C++ too) and W4A8, an int8 KV pool, speculative
+verification and blocks released behind the window too; the C++ window mask against
+float64 attention under the eager mask."""
 
 from __future__ import annotations
 
@@ -152,6 +154,32 @@ def test_blocks_released_behind_the_window_are_never_read(models):
                        max_tokens_per_step=8, new_tokens=40)
     assert_within_rounding(checked.gaps)
     assert tokens == [generate(model, p, 40)[0] for p in prompts]
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 300])
+def test_the_cpp_window_mask_is_the_eager_one(window):
+    """C++ paged attention with a window against float64 attention under the eager mask
+    (``_attend_decodes``: key j is seen by the query at p = length - 1 iff j > p - window),
+    with entries behind every window pointing at block 0 (released), over lengths that
+    split into parts (> 256 tokens)."""
+    g = torch.Generator().manual_seed(0)
+    lengths, block_size, kv_heads, heads, d = [1, 7, 40, 600], 4, 2, 6, 16
+    width = -(-max(lengths) // block_size)
+    keys, values = torch.randn(2, 1 + len(lengths) * width, block_size, kv_heads, d, generator=g)
+    tables = 1 + torch.arange(len(lengths) * width).reshape(len(lengths), width)
+    for s, length in enumerate(lengths):  # released: wholly behind the window
+        tables[s, :max(length - window, 0) // block_size] = 0
+    q = torch.randn(len(lengths), heads, d, generator=g)
+    out = native_kernels().paged_decode_read(q, keys, values, [], tables,
+                                             torch.tensor(lengths), window)
+    gathered = [pool[tables].flatten(1, 2).transpose(1, 2).double() for pool in (keys, values)]
+    steps, context = torch.arange(width * block_size), torch.tensor(lengths)[:, None]
+    visible = (steps < context) & (steps > context - 1 - window)
+    scores = torch.einsum("sgqd,sgkd->sgqk", q.double().unflatten(1, (kv_heads, -1)),
+                          gathered[0]) / d ** 0.5
+    weights = scores.masked_fill(~visible[:, None, None], -torch.inf).softmax(-1)
+    expected = torch.einsum("sgqk,sgkd->sgqd", weights, gathered[1]).flatten(1, 2)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_what_stays_unsupported_is_refused_with_the_reason(models):

@@ -41,7 +41,8 @@ torch::Tensor paged_decode_read(const torch::Tensor& q, const torch::Tensor& key
                                 const torch::Tensor& value_pool,
                                 const std::vector<torch::Tensor>& scales,
                                 const torch::Tensor& block_tables,
-                                const torch::Tensor& context_lens);  // paged_attention.cpp
+                                const torch::Tensor& context_lens,
+                                int64_t window);  // paged_attention.cpp
 
 namespace {
 
@@ -254,7 +255,10 @@ torch::Tensor fp32_linear(const torch::Tensor& x, const torch::Tensor& weight) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_paths", &vector_paths);
-  m.def("paged_decode_read", &minillm::paged_decode_read);
+  m.def("paged_decode_read", &minillm::paged_decode_read, pybind11::arg("q"),
+        pybind11::arg("key_pool"), pybind11::arg("value_pool"), pybind11::arg("scales"),
+        pybind11::arg("block_tables"), pybind11::arg("context_lens"),
+        pybind11::arg("window") = 0);
   m.def("fp32_linear", &fp32_linear);
   pybind11::class_<minillm::DecodeLayers>(m, "DecodeLayers")
       .def(pybind11::init<std::vector<minillm::DecodeLayers::Parts>,

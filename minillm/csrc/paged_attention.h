@@ -5,7 +5,7 @@
 // t % block_size. A decode step has one new token per sequence: its key and value are
 // written at its slot (a padding row has slot -1 and writes nothing), then its query heads
 // attend to the sequence's first context_len tokens, reading them through the block table
-// in place (no gathered copy).
+// in place (no gathered copy); with a sliding window, only the last `window` of them.
 //
 // The pool is float32, or int8 codes with one float scale per (slot, KV head): symmetric
 // absmax rounding of each head's keys (values), x ~ code * scale (minillm/attention/
