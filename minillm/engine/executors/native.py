@@ -58,6 +58,7 @@ NATIVE_LAYERS = (nn.Linear, MatVecLinear, Int8ActivationLinear, W4A8Linear)
 # verifications (the newest token and its guesses). Longer prompt chunks stay eager, where
 # a matmul library's blocking beats these loops.
 MAX_TOKENS_PER_SEQUENCE = 9
+QKV = ("q_proj", "k_proj", "v_proj")  # the layers that may have a bias (Qwen2's)
 
 
 def native_problem(model: Transformer) -> str | None:
@@ -85,9 +86,6 @@ def native_problem(model: Transformer) -> str | None:
     if native_kernels() is None:
         return "minillm's C++ kernels are not built on this machine (see the warning)"
     return None
-
-
-QKV = ("q_proj", "k_proj", "v_proj")
 
 
 def _linears(block) -> dict[str, nn.Module]:
