@@ -10,8 +10,8 @@ no stop. Prompt processing (PP) and text generation (TG) are timed apart:
 
 * llama.cpp: ``llama-batched-bench -npp 128 -ntg 128 -npl B`` (built from the same sdist
   as ``llama-bench``, ``benchmarks/llama_cpp.py``), its ``S_PP`` and ``S_TG`` tokens/s;
-* minillm: one :class:`~minillm.serve.LLM` per weight format, its default executor (for
-  SmolLM2 the native decode step; Gemma 3 runs eager only), prefix caching off; PP is the
+* minillm: one :class:`~minillm.serve.LLM` per weight format, its default executor (the
+  native decode step, for SmolLM2 and Gemma 3 alike), prefix caching off; PP is the
   step that computes all B prompts, TG the 128 decode steps after it (B × 128 tokens).
 
 Prompts are State of the Union text, after Gemma's BOS token (a base model: no chat

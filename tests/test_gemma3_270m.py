@@ -4,7 +4,8 @@ first use, a few minutes once).
 
 Six held-out prompts: teacher-forced logits within 1e-4, and the engine's greedy tokens equal
 transformers' ``generate``. One prompt longer than the 512-token window of the local layers,
-so that five layers of six drop keys while the global ones keep them all.
+so that five layers of six drop keys while the global ones keep them all. The native decode
+step gives the eager engine's tokens, past the window too.
 """
 
 from __future__ import annotations
@@ -67,3 +68,23 @@ def test_past_the_sliding_window(models):
     llm = LLM(ours, tokenizer=tokenizer, num_blocks=96, executor="eager")
     output = llm.generate([article], SamplingParams(max_tokens=NEW_TOKENS), progress=False)
     assert output[0].outputs[0].tokens == hf_greedy(hf, article)
+
+
+@torch.no_grad()
+def test_native_decode_steps_keep_the_eager_tokens(models):
+    """The native step (QK-norm, four norms, GeGLU, local and global layers) past the
+    window: the eager engine's greedy tokens, for two prompts and an article longer than the
+    window of the local layers."""
+    ours, _, tokenizer = models
+    window = ours.config.sliding_window
+    article = tokenizer.prompt(load_documents("wikipedia", "eval")[0] * 4)[:window + 200]
+    prompts = [tokenizer.prompt(text) for text in PROMPTS[:2]] + [article]
+    tokens = {}
+    for executor in ("eager", "native"):
+        reports = []
+        llm = LLM(ours, tokenizer=tokenizer, num_blocks=128, executor=executor,
+                  on_step=reports.append)
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=16), progress=False)
+        tokens[executor] = [o.outputs[0].tokens for o in outputs]
+        assert reports[-1].executor == executor
+    assert tokens["native"] == tokens["eager"]

@@ -1,7 +1,9 @@
-"""The engine's other parts with the new families: which executors run them (the rest refuse
-with the reason, and ``auto`` falls back), an int8 KV cache under sliding windows, blocks
-released behind a window, what refuses windows (int4 KV, the learner's decode attention),
-the draft head, W8A8 weights, and tensor parallelism over 2 ranks equal to one process."""
+"""The engine's other parts with the new families: which executors run them (native runs
+every dense one, compiled refuses windows with the reason), an int8 KV cache under sliding
+windows, blocks released behind a window, what refuses windows (int4 KV, the learner's
+decode attention), the draft head, W8A8 weights, and tensor parallelism over 2 ranks (eager
+and native steps) equal to one process. The native step's own checks:
+``tests/test_native_families.py``."""
 
 from __future__ import annotations
 
@@ -45,14 +47,13 @@ def tokens(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
 
 def test_each_executor_runs_what_it_implements_and_refuses_the_rest(checkpoints):
     models = {family: load_model(path) for family, path in checkpoints.items()}
-    for family in ("qwen2", "qwen3", "mistral", "gemma3_text"):  # not the Llama block
-        with pytest.raises(ValueError, match="native executor cannot run.*Llama block"):
-            resolve_executor(models[family], "native")
-    for family in ("mistral", "gemma3_text"):  # windows: eager only
+    for family in ("qwen2", "qwen3", "mistral", "gemma3_text"):  # the dense blocks: native
+        assert resolve_executor(models[family], "native") == "native"
+        assert auto_executor(models[family]) == "native"
+    for family in ("mistral", "gemma3_text"):  # windows: not compiled
         with pytest.raises(ValueError, match="compiled executor cannot run.*sliding window"):
             resolve_executor(models[family], "compiled")
-        assert auto_executor(models[family]) == "eager"
-    assert auto_executor(models["qwen3"]) == "compiled"
+    assert resolve_executor(models["qwen3"], "compiled") == "compiled"
 
 
 @pytest.mark.slow
@@ -164,13 +165,14 @@ def test_a_ring_buffer_cache_narrows_a_models_window(checkpoints):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("executor", ["eager", "native"])
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
-def test_tensor_parallel_over_two_ranks_equals_one_process(checkpoints, family):
+def test_tensor_parallel_over_two_ranks_equals_one_process(checkpoints, family, executor):
     """Qwen2's q/k/v biases split with their columns; Gemma's extra norms and QK-norm are
-    whole on every rank, and its embedding scale applies after the vocabulary-parallel
-    lookup."""
+    whole on every rank (the native step norms the attention and MLP outputs after their
+    all-reduce), and its embedding scale applies after the vocabulary-parallel lookup."""
     def run(**options):
-        with LLM(checkpoints[family], block_size=4, num_blocks=64, executor="eager",
+        with LLM(checkpoints[family], block_size=4, num_blocks=64, executor=executor,
                  **options) as llm:
             return tokens(llm, PROMPTS[:3])
 

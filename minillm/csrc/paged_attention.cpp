@@ -66,13 +66,14 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
 }
 
 // The attention of a decode step alone, over a float32 pool (no scales) or an int8 one,
-// without writing: q [seqs, heads, d] float32 -> [seqs, heads, d]. For tests and
-// benchmarks of paged_decode (the native step runs it inside DecodeLayers::step).
+// without writing, with a sliding `window` (0: none): q [seqs, heads, d] float32 -> [seqs,
+// heads, d]. For tests and benchmarks of paged_decode (the native step runs it inside
+// DecodeLayers::step).
 torch::Tensor paged_decode_read(const torch::Tensor& q, const torch::Tensor& key_pool,
                                 const torch::Tensor& value_pool,
                                 const std::vector<torch::Tensor>& scales,
                                 const torch::Tensor& block_tables,
-                                const torch::Tensor& context_lens) {
+                                const torch::Tensor& context_lens, int64_t window) {
   TORCH_CHECK(scales.empty() || scales.size() == 2, "scales: none, or key and value scales");
   const PagedPool pool = scales.empty() ? paged_pool(key_pool, value_pool)
                                         : paged_pool(key_pool, value_pool, scales[0], scales[1]);
@@ -80,12 +81,13 @@ torch::Tensor paged_decode_read(const torch::Tensor& q, const torch::Tensor& key
               "q: float32 [seqs, heads, head_dim]");
   TORCH_CHECK(block_tables.scalar_type() == torch::kLong &&
               context_lens.scalar_type() == torch::kLong, "tables and lengths: int64");
+  TORCH_CHECK(window >= 0, "the window is a number of tokens, or 0 for none, not ", window);
   const torch::Tensor queries = q.contiguous(), tables = block_tables.contiguous(),
                       lengths = context_lens.contiguous();
   torch::Tensor out = torch::empty_like(queries);
   paged_decode(queries.data_ptr<float>(), pool, tables.data_ptr<int64_t>(), tables.size(1),
                lengths.data_ptr<int64_t>(), queries.size(0), queries.size(1),
-               out.data_ptr<float>());
+               out.data_ptr<float>(), window);
   return out;
 }
 

@@ -5,7 +5,7 @@
 // t % block_size. A decode step has one new token per sequence: its key and value are
 // written at its slot (a padding row has slot -1 and writes nothing), then its query heads
 // attend to the sequence's first context_len tokens, reading them through the block table
-// in place (no gathered copy).
+// in place (no gathered copy); with a sliding window, only the last `window` of them.
 //
 // The pool is float32, or int8 codes with one float scale per (slot, KV head): symmetric
 // absmax rounding of each head's keys (values), x ~ code * scale (minillm/attention/
@@ -187,16 +187,21 @@ struct Part {
 
 // Every query head of every sequence: q [seqs, heads, head_dim] -> out [seqs, heads,
 // head_dim]; block_tables [seqs, width]; sequences with context_len 0 (padding) get zeros.
+// With a sliding `window` (0: none) the query, at position context_len - 1, sees only the
+// keys at positions j > context_len - 1 - window: the tokens before are never read (their
+// blocks may have been given back, their table entries pointing at block 0).
 template <typename T>
 void paged_decode_as(const float* q, const PagedPool& pool, const int64_t* block_tables,
                      int64_t width, const int64_t* context_lens, int64_t seqs, int64_t heads,
-                     float* out) {
+                     int64_t window, float* out) {
   const int64_t d = pool.head_dim, group_size = heads / pool.kv_heads;
   std::vector<Part> parts;
-  for (int64_t s = 0; s < seqs; ++s)
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t first = window > 0 ? std::max<int64_t>(context_lens[s] - window, 0) : 0;
     for (int64_t g = 0; g < pool.kv_heads; ++g)
-      for (int64_t begin = 0; begin < context_lens[s]; begin += kPartTokens)
+      for (int64_t begin = first; begin < context_lens[s]; begin += kPartTokens)
         parts.push_back({s, g, begin, std::min(context_lens[s], begin + kPartTokens)});
+  }
   const int64_t count = int64_t(parts.size());
   std::vector<float> partial(count * group_size * d), largest(count * group_size),
       total(count * group_size);
@@ -234,11 +239,13 @@ void paged_decode_as(const float* q, const PagedPool& pool, const int64_t* block
 
 inline void paged_decode(const float* q, const PagedPool& pool, const int64_t* block_tables,
                          int64_t width, const int64_t* context_lens, int64_t seqs,
-                         int64_t heads, float* out) {
+                         int64_t heads, float* out, int64_t window = 0) {
   if (pool.quantized())
-    paged_decode_as<int8_t>(q, pool, block_tables, width, context_lens, seqs, heads, out);
+    paged_decode_as<int8_t>(q, pool, block_tables, width, context_lens, seqs, heads, window,
+                            out);
   else
-    paged_decode_as<float>(q, pool, block_tables, width, context_lens, seqs, heads, out);
+    paged_decode_as<float>(q, pool, block_tables, width, context_lens, seqs, heads, window,
+                           out);
 }
 
 }  // namespace minillm

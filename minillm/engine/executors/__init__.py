@@ -9,7 +9,7 @@
   4, 8, ...) and run through a ``torch.compile`` graph per bucket, compiled the first time
   a bucket is needed; padding rows have slot -1 and write nowhere.
 * :class:`~.native.NativeExecutor`: decode steps and speculative verifications in one C++
-  call over the paged pool, for models whose every linear layer has a C++ product
+  call over the paged pool, for dense models whose every linear layer has a C++ product
   (float32, W8A8, W4A8).
 
 ``executor="auto"`` takes the fastest the model allows (native, else compiled for the
@@ -19,13 +19,25 @@ not the default: a learner's attention then runs in every step. An int8 KV cache
 one (its attention op takes float32 pools): ``auto`` then skips it. An int4 (KIVI) KV
 cache is read by the eager executor alone.
 
-Families (:mod:`minillm.config`): the eager executor runs every one. The native
-executor runs the Llama block only (Llama, SmolLM, Mistral without a window); the compiled
-one runs the model's own modules, so every family without sliding-window layers (Qwen2,
-Qwen3; not Mistral's window nor Gemma 3's local layers, which its attention op cannot
-mask), nor the mixture-of-experts families (Qwen2-MoE, Qwen3-MoE, OLMoE, Mixtral), whose
-grouped expert dispatch has routing-dependent shapes. ``auto`` falls back to what the model
-allows: eager for Gemma 3 and the MoE families.
+Families (:mod:`minillm.config`): the eager executor runs every one. The others (``auto``
+as for float32, W8A8 and W4A8 weights; weight-only formats have no native product, so
+``auto`` compiles them where the family allows, else runs them eagerly):
+
+====================================  ======  ========  ==============
+family                                native  compiled  ``auto`` picks
+====================================  ======  ========  ==============
+llama, smollm, qwen2, qwen3           yes     yes       native
+mistral, gemma3_text (windows)        yes     no        native
+qwen2_moe, qwen3_moe, mixtral, olmoe  no      no        eager
+deepseek_v3 (latent attention)        no      no        eager
+====================================  ======  ========  ==============
+
+The native step runs the dense blocks with their switches (q/k/v biases, QK-norm, Gemma 3's
+norms, GeGLU and query scale, a sliding window and a RoPE table per layer); it refuses the
+mixture-of-experts layers, latent attention, OLMoE's whole-projection QK-norm and biases
+on o_proj or the MLP, with the reason. The compiled one runs the model's own modules but
+its attention op cannot mask a window; neither compiles the MoE families' grouped expert
+dispatch, whose shapes depend on the routing.
 """
 
 from __future__ import annotations
