@@ -38,13 +38,16 @@ chromium:  ## headless Chromium for the browser tests, if the machine has none
 
 # The library tests and the graded tests (on the solutions) in one run: plain `pytest`
 # leaves tests/grading and tests/browser out (pyproject.toml), this run puts grading back.
+# Two test workers at one torch thread each, as nbval's: two workers of two threads on two
+# cores spin on each other (docs/benchmarks.md, "CI time plan").
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: fetch chromium  ## every test CI runs
 	$(BIN)/ruff check minillm kernels tests benchmarks solutions exercises
 	$(BIN)/lint-imports  # the library's layers (pyproject.toml; docs/decisions.md draws them)
 	$(BIN)/python -m minillm.grading.exercises --check
-	$(BIN)/pytest -n 2 --dist loadfile -q --impl=solutions -o "norecursedirs=.* browser" tests
-	$(BIN)/minillm grade --check-honesty --workers 2
-	$(BIN)/minillm grade --check-mutants --workers 2
+	$(TEST_ENV) $(BIN)/pytest -n 2 --dist loadfile -q --impl=solutions -o "norecursedirs=.* browser" tests
+	$(TEST_ENV) $(BIN)/minillm grade --check-honesty --workers 2
+	$(TEST_ENV) $(BIN)/minillm grade --check-mutants --workers 2
 	$(MAKE) nbval book browser-test
 
 exercises: setup  ## regenerate exercises/ from solutions/
